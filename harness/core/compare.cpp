@@ -1,0 +1,151 @@
+#include "harness/core/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace moe {
+
+double tol_bound(TolClass cls, DType out, double ref, int64_t n, double abs_sum) {
+  switch (cls) {
+    case TolClass::exact:
+      return 0.0;
+    case TolClass::elementwise:
+      return ulp(out, ref) + 4.0 * ulp(DType::f32, ref);
+    case TolClass::reduction:
+      return ulp(out, std::fabs(ref)) + 2.0 * static_cast<double>(n) * 0x1.0p-24 * abs_sum;
+  }
+  return 0.0;
+}
+
+Tensor make_bound(TolClass cls, DType out, const Tensor& ref, int64_t n, const Tensor* abs_sum) {
+  Tensor b(DType::f64, ref.shape());
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double r = ref.at(i);
+    const double s = abs_sum ? abs_sum->at(i) : std::fabs(r);
+    b.set(i, tol_bound(cls, out, r, n, s));
+  }
+  return b;
+}
+
+std::vector<int64_t> unravel(int64_t index, const Shape& shape) {
+  std::vector<int64_t> c(shape.size(), 0);
+  for (size_t k = shape.size(); k-- > 0;) {
+    if (shape[k] == 0) break;
+    c[k] = index % shape[k];
+    index /= shape[k];
+  }
+  return c;
+}
+
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b, int64_t i) {
+  const size_t w = dtype_size(a.dtype());
+  return std::memcmp(a.bytes() + i * w, b.bytes() + i * w, w) == 0;
+}
+
+std::string coord_str(const std::vector<int64_t>& c) {
+  std::string s = "(";
+  for (size_t i = 0; i < c.size(); ++i) s += (i ? ", " : "") + std::to_string(c[i]);
+  return s + ")";
+}
+
+std::string num(double v) {
+  std::ostringstream o;
+  o.precision(9);
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+TensorReport compare(const std::string& name, const Tensor& got, const Tensor& want,
+                     const Tensor* bound) {
+  TensorReport r;
+  r.name = name;
+  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
+    r.error = "got " + got.describe() + ", want " + want.describe();
+    return r;
+  }
+  if (bound && bound->shape() != want.shape()) {
+    r.error = "bound shape " + shape_str(bound->shape()) + " differs from " + want.describe();
+    return r;
+  }
+  r.count = want.numel();
+  double worst_ratio = 0.0;
+  for (int64_t i = 0; i < r.count; ++i) {
+    const double g = got.at(i), w = want.at(i);
+    const double diff = (std::isnan(g) && std::isnan(w)) ? 0.0 : std::fabs(g - w);
+    bool bad;
+    double ratio;
+    double b = 0.0;
+    if (!bound) {
+      bad = !same_bits(got, want, i);
+      ratio = bad ? 1.0 : 0.0;
+    } else {
+      b = bound->at(i);
+      if (std::isinf(b)) continue;  // masked element
+      const bool nan_mismatch = std::isnan(g) != std::isnan(w);
+      const bool inf_mismatch = (std::isinf(g) || std::isinf(w)) && g != w;
+      bad = nan_mismatch || inf_mismatch || diff > b;
+      ratio = bad && (nan_mismatch || inf_mismatch) ? INFINITY : (b > 0 ? diff / b : (diff > 0 ? INFINITY : 0));
+    }
+    if (std::isfinite(diff)) {
+      r.max_abs = std::max(r.max_abs, diff);
+      if (w != 0) r.max_rel = std::max(r.max_rel, diff / std::fabs(w));
+    }
+    if (bad) {
+      ++r.mismatches;
+      Mismatch m{i, unravel(i, want.shape()), g, w, b};
+      if (!r.first) r.first = m;
+      if (!r.worst || ratio > worst_ratio) r.worst = m;
+    }
+    worst_ratio = std::max(worst_ratio, ratio);
+  }
+  r.worst_pct = 100.0 * worst_ratio;
+  return r;
+}
+
+std::string TensorReport::str() const {
+  std::ostringstream o;
+  if (!error.empty()) {
+    o << "  " << name << ": " << error << "\n";
+    return o.str();
+  }
+  o << "  " << name << ": " << mismatches << " of " << count << " elements mismatch"
+    << "; max abs err " << num(max_abs) << ", max rel err " << num(max_rel) << ", worst "
+    << num(worst_pct) << "% of tolerance\n";
+  auto line = [&](const char* what, const Mismatch& m) {
+    o << "    " << what << " at " << coord_str(m.coord) << ": got " << num(m.got) << ", want "
+      << num(m.want) << ", |diff| " << num(std::fabs(m.got - m.want)) << ", bound " << num(m.bound)
+      << "\n";
+  };
+  if (first) line("first", *first);
+  if (worst) line("worst", *worst);
+  return o.str();
+}
+
+bool Report::ok() const {
+  if (!failures.empty()) return false;
+  for (auto& t : tensors)
+    if (!t.ok()) return false;
+  return true;
+}
+
+double Report::worst_pct() const {
+  double w = 0;
+  for (auto& t : tensors) w = std::max(w, t.worst_pct);
+  return w;
+}
+
+std::string Report::str() const {
+  std::string s;
+  for (auto& t : tensors)
+    if (!t.ok()) s += t.str();
+  for (auto& f : failures) s += "  " + f + "\n";
+  return s;
+}
+
+}  // namespace moe

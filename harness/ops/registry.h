@@ -1,0 +1,67 @@
+// The op registry: one small record per op binds its case generator, input generator, CPU
+// reference, CUDA twin, tolerance and cost. Property tests, `moe-harness check`, the golden tool
+// and the benchmarks all iterate over it, so adding an op means adding one record
+// (harness/ops/<op>.cpp) and one line in registry.cpp.
+//
+// Tensor naming follows the golden schema (SPEC §14): make_inputs returns input.* and cotangent.*,
+// reference/gpu return output.* and grad.* (saved residuals are outputs).
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "harness/core/case.h"
+#include "harness/core/compare.h"
+#include "harness/core/tensor.h"
+
+namespace moe::ops {
+
+struct Cost {
+  double fwd_bytes = 0, bwd_bytes = 0;  // fewest bytes moved (read + written)
+  double fwd_flops = 0, bwd_flops = 0;
+};
+
+struct OpInfo {
+  std::string name;  // SPEC op name
+  std::string spec;  // "SPEC §1"
+
+  // Random valid cases over the whole parameter space; shrinks towards small cases.
+  std::function<rc::Gen<Case>()> gen;
+  // Named cases: regression cases (R*) and the golden catalogue. Each has a "name" parameter.
+  std::function<std::vector<Case>()> named;
+  // input.* and cotangent.* from (case seed, tensor name), shaped by the case's regime.
+  std::function<TensorMap(const Case&)> make_inputs;
+  // output.* and grad.* of the CPU reference. exact=true is the finite-difference mode: float
+  // inputs arrive as f64 and outputs are not rounded.
+  std::function<TensorMap(const Case&, const TensorMap& in, bool exact)> reference;
+  // output.* and grad.* of the CUDA twin (host tensors in and out); empty until one exists.
+  std::function<TensorMap(const Case&, const TensorMap& in)> gpu;
+  // Per-element absolute bound (f64) of a float output or grad; absent means exact comparison.
+  std::function<Tensor(const Case&, const std::string& key, const TensorMap& in,
+                       const TensorMap& want)>
+      bound;
+  // Optional override of the comparison (the router's tie-aware comparison); default compares
+  // every key of want with bound().
+  std::function<Report(const Case&, const TensorMap& in, const TensorMap& want,
+                       const TensorMap& got)>
+      compare;
+  // Invariants of SPEC §12 that one run must satisfy; returns failure lines (empty = pass).
+  std::function<std::vector<std::string>(const Case&, const TensorMap& in, const TensorMap& out)>
+      invariants;
+  // Per-input masks for finite differences (0 = do not perturb); absent = perturb everything.
+  std::function<TensorMap(const Case&, const TensorMap& in)> fd_masks;
+  std::function<Cost(const Case&)> cost;
+};
+
+const std::vector<const OpInfo*>& all_ops();
+const OpInfo* find_op(std::string_view name);  // null if unknown
+
+// Whether this build has the CUDA backend and a GPU is visible.
+bool gpu_available();
+std::string gpu_description();  // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)" or why none
+
+}  // namespace moe::ops

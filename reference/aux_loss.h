@@ -1,0 +1,36 @@
+// CPU reference of aux_loss_scores (SPEC §2) and moe_aux_loss (SPEC §3), forward and backward.
+// Twin: gpu/aux_loss.cuh.
+//
+// aux_loss_scores: logits [T,E] d -> scores [T,E] f32, routing_map (top-K of scores, canonical
+// ties), saved_scores [T,E] f32. moe_aux_loss: probs [R,C] d, tokens_per_expert [C] i32/i64 ->
+// aux_loss [] d, const_buf [2] f32 = {kappa, loss_f32}.
+#pragma once
+
+#include "harness/core/params/router.h"
+#include "reference/common.h"
+
+namespace moe::ref {
+
+struct AuxLossScoresFwd {
+  Tensor scores;        // [T,E] f32
+  Tensor routing_map;   // [T,E] bool or [T,ceil(E/8)] u8
+  Tensor saved_scores;  // [T,E] f32
+};
+AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFunction f,
+                                     MapFormat fmt, Rounding r = Rounding::to_dtype);
+// grad_scores [T,E] f32 -> grad_logits [T,E] in logits_dtype.
+Tensor aux_loss_scores_bwd(const Tensor& grad_scores, const Tensor& saved_scores, ScoreFunction f,
+                           DType logits_dtype, Rounding r = Rounding::to_dtype);
+
+struct MoeAuxLossFwd {
+  Tensor aux_loss;   // [] in probs' dtype
+  Tensor const_buf;  // [2] f32: kappa, loss_f32
+};
+MoeAuxLossFwd moe_aux_loss_fwd(const Tensor& probs, const Tensor& tokens_per_expert,
+                               const AuxLossParams& p, Rounding r = Rounding::to_dtype);
+// grad_aux_loss [] -> grad_probs [R,C] in grad_aux_loss' dtype.
+Tensor moe_aux_loss_bwd(const Tensor& grad_aux_loss, const Tensor& const_buf,
+                        const Tensor& tokens_per_expert, int64_t num_rows,
+                        Rounding r = Rounding::to_dtype);
+
+}  // namespace moe::ref
