@@ -10,6 +10,8 @@
 #include <rapidcheck.h>
 
 #include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +57,21 @@ struct OpInfo {
   // Per-input masks for finite differences (0 = do not perturb); absent = perturb everything.
   std::function<TensorMap(const Case&, const TensorMap& in)> fd_masks;
   std::function<Cost(const Case&)> cost;
+
+  // SPEC §14 `params` object of a case (exact key set of the schema table), and the way back:
+  // a Case rebuilt from a golden file's params, dtype, seed and stored inputs (shapes).
+  std::function<nlohmann::json(const Case&)> to_params;
+  std::function<Case(const nlohmann::json& params, DType dtype, uint64_t seed, const TensorMap& in)>
+      from_params;
+
+  // Benchmarks: inputs uploaded once; fwd()/bwd() launch the CUDA twin on device-resident data
+  // (no host transfers) and return without synchronising. bwd may be empty.
+  struct Bench {
+    std::function<void()> fwd, bwd;
+    std::shared_ptr<void> state;  // keeps the device buffers alive
+  };
+  std::function<Bench(const Case&, const TensorMap& in)> gpu_bench;
+  std::function<std::vector<Case>()> bench_cases;
 };
 
 const std::vector<const OpInfo*>& all_ops();
