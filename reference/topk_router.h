@@ -23,6 +23,12 @@ struct TopkRouterFwd {
 TopkRouterFwd topk_router_fwd(const Tensor& logits, const Tensor* expert_bias,
                               const RouterParams& p, Rounding r = Rounding::to_dtype);
 
+// The forward under a given selection (routing_map), used to compare an implementation's outputs
+// on near-tie rows under its own selection (SPEC §1.4). Reference-only.
+TopkRouterFwd topk_router_fwd_forced(const Tensor& logits, const Tensor* expert_bias,
+                                     const RouterParams& p, const Tensor& routing_map,
+                                     Rounding r = Rounding::to_dtype);
+
 // grad_logits [T,E] in grad_probs' dtype (§1.3).
 Tensor topk_router_bwd(const Tensor& grad_probs, const Tensor& routing_map,
                        const Tensor& saved_scores, const RouterParams& p,
@@ -31,6 +37,7 @@ Tensor topk_router_bwd(const Tensor& grad_probs, const Tensor& routing_map,
 // The fp32 selection of one row and its boundary margins (SPEC §1.4 near-tie rule).
 struct RowSelection {
   std::vector<int> experts;  // canonical order (z desc, index asc)
+  int next = -1;             // the (K+1)-th candidate, the one just outside; -1 when K = E
   double margin = 0;         // z_K - z_{K+1} among the candidates (inf when K = E)
   double group_margin = 0;   // g_k-th minus (g_k+1)-th group score (inf if ungrouped or g_k = G)
   double delta = 0;          // the near-tie bound delta of §1.4 for this row

@@ -27,7 +27,7 @@ double round_format(double x, const FloatFormat& f) {
   int e = 0;
   std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
   const int q = std::max(e - 1, f.emin) - (f.precision - 1);
-  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -q)), -q);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -q)), q);
   if (std::fabs(r) > f.max) return std::copysign(std::numeric_limits<double>::infinity(), x);
   return r;
 }

@@ -1,0 +1,233 @@
+// Registry record of aux_loss_scores (SPEC §2).
+#include <cmath>
+
+#include "harness/core/rng.h"
+#include "harness/ops/check.h"
+#include "harness/ops/router_family.h"
+#include "reference/aux_loss.h"
+
+namespace moe::ops {
+
+namespace {
+
+rc::Gen<Case> gen() {
+  return rc::gen::exec([] {
+    Case c;
+    c.op = "aux_loss_scores";
+    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
+    c.regime = *rc::gen::element(Regime::uniform, Regime::skewed, Regime::exact_ties,
+                                 Regime::near_ties, Regime::large_magnitude, Regime::all_to_one,
+                                 Regime::zero_tokens);
+    c.seed = *rc::gen::arbitrary<uint32_t>();
+    const int64_t E = *rc::gen::inRange<int64_t>(1, 70);
+    c.set("T", c.regime == Regime::zero_tokens ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 24));
+    c.set("E", E).set("topk", *rc::gen::inRange<int64_t>(1, E + 1));
+    c.set("score_function", *rc::gen::element<std::string>("softmax", "sigmoid", "sqrtsoftplus"));
+    c.set("routing_map_format", *rc::gen::element<std::string>("bytemap", "bitmap_u8"));
+    return c;
+  });
+}
+
+Case base(DType d, int64_t T, int64_t E, int64_t K, const std::string& f, const std::string& name) {
+  Case c;
+  c.op = "aux_loss_scores";
+  c.dtype = d;
+  c.seed = 11;
+  c.set("name", name).set("T", T).set("E", E).set("topk", K).set("score_function", f);
+  c.set("routing_map_format", "bytemap");
+  return c;
+}
+
+std::vector<Case> named() {
+  std::vector<Case> v;
+  for (const char* f : {"softmax", "sigmoid", "sqrtsoftplus"}) {  // R10: bf16 logits, f32 scores
+    v.push_back(base(DType::bf16, 128, 32, 4, f, std::string("R10_") + f));
+  }
+  v.push_back(base(DType::f32, 16, 8, 1, "sigmoid", "k1_normalised_over_all"));
+  v.push_back(base(DType::f16, 16, 64, 8, "softmax", "bitmap").set("routing_map_format", "bitmap_u8"));
+  v.push_back(base(DType::f32, 0, 8, 2, "softmax", "zero_tokens"));
+  v.back().regime = Regime::zero_tokens;
+  return v;
+}
+
+TensorMap make_inputs(const Case& c) {
+  const int64_t T = c.i("T"), E = c.i("E");
+  TensorMap m;
+  m.emplace("input.logits", make_logits(c, T, E, c.i("topk"), "input.logits"));
+  Tensor ct(DType::f32, {T, E});
+  Rng rng(c.seed, "cotangent.scores");
+  fill_normal(ct, rng, 1.0);
+  m.emplace("cotangent.scores", std::move(ct));
+  return m;
+}
+
+TensorMap run_reference(const Case& c, const TensorMap& in, bool exact) {
+  const auto rnd = exact ? ref::Rounding::none : ref::Rounding::to_dtype;
+  const ScoreFunction f = parse_score_function(c.s("score_function"));
+  const Tensor& logits = in.at("input.logits");
+  ref::AuxLossScoresFwd fw = ref::aux_loss_scores_fwd(
+      logits, c.i("topk"), f, parse_map_format(c.s("routing_map_format", "bytemap")), rnd);
+  TensorMap out;
+  out.emplace("grad.logits", ref::aux_loss_scores_bwd(in.at("cotangent.scores"), fw.saved_scores,
+                                                      f, c.dtype, rnd));
+  out.emplace("output.scores", std::move(fw.scores));
+  out.emplace("output.routing_map", std::move(fw.routing_map));
+  out.emplace("output.saved_scores", std::move(fw.saved_scores));
+  return out;
+}
+
+Tensor bound(const Case& c, const std::string& key, const TensorMap& in, const TensorMap& want) {
+  const ScoreFunction f = parse_score_function(c.s("score_function"));
+  const Tensor& ref = want.at(key);
+  const int64_t E = c.i("E"), n = E + 2;  // the reduction over E plus two fp32 steps
+  if (key == "output.scores") return make_bound(TolClass::reduction, DType::f32, ref, n);
+  if (key == "output.saved_scores") {
+    if (f == ScoreFunction::sqrtsoftplus) return Tensor(DType::f64, ref.shape());  // raw logits
+    if (f == ScoreFunction::sigmoid) return make_bound(TolClass::elementwise, DType::f32, ref, 1);
+    return make_bound(TolClass::reduction, DType::f32, ref, n);
+  }
+  const Tensor& a = want.at("output.saved_scores");
+  const Tensor& ct = in.at("cotangent.scores");
+  const int64_t T = ref.dim(0);
+  Tensor mag(DType::f64, {T, E});
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> y(E), cc(E);
+    double A = 0, sum_gy = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double ae = a.at(t, e);
+      if (f == ScoreFunction::sqrtsoftplus) {
+        y[e] = std::sqrt(ae > 20 ? ae : std::log1p(std::exp(ae)));
+        cc[e] = (ae > 20 ? 1.0 : 1.0 / (1.0 + std::exp(-ae))) / (2 * y[e] + 1e-20);
+      } else {
+        y[e] = ae;
+        cc[e] = std::fabs(ae * (1 - ae));
+      }
+      A += y[e];
+      sum_gy += std::fabs(ct.at(t, e) * y[e]);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const double g = std::fabs(ct.at(t, e));
+      mag.set(t, e, f == ScoreFunction::softmax ? std::fabs(y[e]) * (g + sum_gy)
+                                                : cc[e] * (g / A + sum_gy / (A * A)));
+    }
+  }
+  return make_bound(TolClass::reduction, ref.dtype(), ref, n, &mag);
+}
+
+// SPEC §1.4 applied to the top-K of the fp32 scores: rows may differ only on near ties, where
+// the implementation's own selection is accepted.
+Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const TensorMap& got) {
+  const OpInfo& op = *find_op("aux_loss_scores");
+  auto gm = got.find("output.routing_map");
+  const Tensor& wm = want.at("output.routing_map");
+  if (gm == got.end() || gm->second.shape() != wm.shape() || gm->second.dtype() != wm.dtype()) {
+    return compare_outputs(op, c, in, want, got);
+  }
+  const std::vector<int64_t> rows = routing_rows_differ(wm, gm->second);
+  if (rows.empty()) return compare_outputs(op, c, in, want, got);
+  TensorMap want2 = clone(want);
+  std::vector<std::string> failures;
+  const Tensor& scores = want.at("output.scores");
+  const int64_t E = c.i("E"), K = c.i("topk");
+  for (int64_t t : rows) {
+    std::vector<float> s(E);
+    for (int64_t e = 0; e < E; ++e) s[e] = static_cast<float>(scores.at(t, e));
+    std::vector<float> sorted = s;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    const double margin = K < E ? double(sorted[K - 1]) - double(sorted[K]) : INFINITY;
+    const double delta = 16.0 * ulp(DType::f32, sorted[K - 1]);
+    if (margin > delta) {
+      failures.push_back("routing_map row " + std::to_string(t) +
+                         " differs from the reference outside a near tie (margin " +
+                         format_double(margin) + " > delta " + format_double(delta) + ")");
+      continue;
+    }
+    Tensor& m = want2.at("output.routing_map");
+    for (int64_t j = 0; j < m.dim(1); ++j) m.set(t, j, gm->second.at(t, j));
+  }
+  Report r = compare_outputs(op, c, in, want2, got);
+  for (auto& f : failures) r.failures.push_back(f);
+  return r;
+}
+
+std::vector<std::string> invariants(const Case& c, const TensorMap&, const TensorMap& out) {
+  std::vector<std::string> bad;
+  const Tensor& scores = out.at("output.scores");
+  const Tensor& map = out.at("output.routing_map");
+  const int64_t T = c.i("T"), E = c.i("E"), K = c.i("topk");
+  if (scores.dtype() != DType::f32) bad.push_back("scores must be float32 (R10)");
+  for (int64_t t = 0; t < T && bad.size() < 8; ++t) {
+    int64_t n = 0;
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      n += routing_map_get(map, t, e);
+      sum += scores.at(t, e);
+    }
+    if (n != K) bad.push_back("row " + std::to_string(t) + " has " + std::to_string(n) + " routed experts");
+    if (std::fabs(sum - 1.0) > 1e-5) {
+      bad.push_back("row " + std::to_string(t) + ": scores sum to " + format_double(sum));
+    }
+  }
+  return bad;
+}
+
+Cost cost(const Case& c) {
+  const double T = static_cast<double>(c.i("T")), E = static_cast<double>(c.i("E"));
+  const double d = static_cast<double>(dtype_size(c.dtype));
+  const double map = c.s("routing_map_format", "bytemap") == "bytemap" ? E : std::ceil(E / 8);
+  Cost k;
+  k.fwd_bytes = T * (E * d + E * 4 + map + E * 4);
+  k.bwd_bytes = T * (E * 4 + E * 4 + E * d);
+  return k;
+}
+
+nlohmann::json to_params(const Case& c) {
+  return {{"topk", c.i("topk")},
+          {"score_function", c.s("score_function")},
+          {"routing_map_format", c.s("routing_map_format", "bytemap")}};
+}
+
+Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
+  Case c;
+  c.op = "aux_loss_scores";
+  c.dtype = d;
+  c.seed = seed;
+  const Tensor& logits = in.at("input.logits");
+  c.set("T", logits.dim(0)).set("E", logits.dim(1));
+  c.set("topk", j.at("topk").get<int64_t>());
+  c.set("score_function", j.at("score_function").get<std::string>());
+  c.set("routing_map_format", j.at("routing_map_format").get<std::string>());
+  return c;
+}
+
+}  // namespace
+
+const OpInfo& aux_loss_scores_op() {
+  static const OpInfo op = [] {
+    OpInfo o;
+    o.name = "aux_loss_scores";
+    o.spec = "SPEC §2";
+    o.gen = gen;
+    o.named = named;
+    o.make_inputs = make_inputs;
+    o.reference = run_reference;
+    o.bound = bound;
+    o.compare = compare;
+    o.invariants = invariants;
+    o.cost = cost;
+    o.to_params = to_params;
+    o.from_params = from_params;
+    o.bench_cases = [] {
+      return std::vector<Case>{base(DType::bf16, 65536, 256, 8, "sigmoid", "deepseek_v3"),
+                               base(DType::bf16, 65536, 8, 2, "softmax", "mixtral")};
+    };
+#ifdef MOE_WITH_CUDA
+    o.gpu = aux_loss_scores_gpu;
+    o.gpu_bench = aux_loss_scores_gpu_bench;
+#endif
+    return o;
+  }();
+  return op;
+}
+
+}  // namespace moe::ops

@@ -1,0 +1,171 @@
+// Registry record of moe_aux_loss (SPEC §3).
+#include <cmath>
+
+#include "harness/core/rng.h"
+#include "harness/ops/check.h"
+#include "harness/ops/router_family.h"
+#include "reference/aux_loss.h"
+
+namespace moe::ops {
+
+namespace {
+
+AuxLossParams params_of(const Case& c) {
+  AuxLossParams p;
+  p.topk = c.i("topk");
+  p.coeff = c.f("coeff", 1e-2);
+  p.num_experts = c.i("num_experts", 0);
+  p.total_num_tokens = c.i("total_num_tokens", 0);
+  return p;
+}
+
+rc::Gen<Case> gen() {
+  return rc::gen::exec([] {
+    Case c;
+    c.op = "moe_aux_loss";
+    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
+    c.regime = *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens);
+    c.seed = *rc::gen::arbitrary<uint32_t>();
+    const int64_t E = *rc::gen::inRange<int64_t>(1, 40), m = *rc::gen::inRange<int64_t>(1, 4);
+    const int64_t R = c.regime == Regime::zero_tokens ? 0 : *rc::gen::inRange<int64_t>(1, 40);
+    c.set("R", R).set("C", E * m).set("num_experts", E);
+    c.set("topk", *rc::gen::inRange<int64_t>(1, E + 1));
+    c.set("coeff", *rc::gen::element(1e-2, 1.0, 0.5));
+    c.set("total_num_tokens", std::max<int64_t>(1, R * *rc::gen::inRange<int64_t>(1, 3)));
+    c.set("tpe_dtype", *rc::gen::element<std::string>("int32", "int64"));
+    return c;
+  });
+}
+
+Case base(DType d, int64_t R, int64_t C, int64_t E, int64_t K, const std::string& name) {
+  Case c;
+  c.op = "moe_aux_loss";
+  c.dtype = d;
+  c.seed = 13;
+  c.set("name", name).set("R", R).set("C", C).set("num_experts", E).set("topk", K);
+  c.set("coeff", 1e-2).set("total_num_tokens", std::max<int64_t>(1, R)).set("tpe_dtype", "int32");
+  return c;
+}
+
+std::vector<Case> named() {
+  std::vector<Case> v;
+  v.push_back(base(DType::f32, 128, 32, 32, 4, "f32_default"));
+  v.push_back(base(DType::bf16, 256, 64, 64, 8, "bf16"));
+  v.push_back(base(DType::f32, 64, 32, 16, 2, "sequence_level_c_eq_2e").set("tpe_dtype", "int64"));
+  v.push_back(base(DType::f32, 0, 8, 8, 2, "zero_rows").set("total_num_tokens", int64_t{16}));
+  v.back().regime = Regime::zero_tokens;
+  return v;
+}
+
+TensorMap make_inputs(const Case& c) {
+  const int64_t R = c.i("R"), C = c.i("C"), K = c.i("topk");
+  TensorMap m;
+  Tensor probs(c.dtype, {R, C});
+  Rng rng(c.seed, "input.probs");
+  fill_uniform(probs, rng, 0.0, 1.0);
+  m.emplace("input.probs", std::move(probs));
+  Tensor tpe(parse_dtype(c.s("tpe_dtype", "int32")), {C});
+  Rng rt(c.seed, "input.tokens_per_expert");
+  for (int64_t i = 0; i < C; ++i) {
+    const int64_t hi = std::max<int64_t>(1, R * K);
+    tpe.set(i, c.regime == Regime::skewed && i > 0 ? 0.0 : static_cast<double>(rt.below(hi + 1)));
+  }
+  m.emplace("input.tokens_per_expert", std::move(tpe));
+  Tensor ct(c.dtype, {});
+  Rng rc2(c.seed, "cotangent.aux_loss");
+  ct.set(0, 1.0 + rc2.uniform());
+  m.emplace("cotangent.aux_loss", std::move(ct));
+  return m;
+}
+
+TensorMap run_reference(const Case& c, const TensorMap& in, bool exact) {
+  const auto rnd = exact ? ref::Rounding::none : ref::Rounding::to_dtype;
+  const Tensor& probs = in.at("input.probs");
+  const Tensor& tpe = in.at("input.tokens_per_expert");
+  ref::MoeAuxLossFwd f = ref::moe_aux_loss_fwd(probs, tpe, params_of(c), rnd);
+  TensorMap out;
+  out.emplace("grad.probs",
+              ref::moe_aux_loss_bwd(in.at("cotangent.aux_loss"), f.const_buf, tpe, probs.dim(0), rnd));
+  out.emplace("output.aux_loss", std::move(f.aux_loss));
+  out.emplace("output.const_buf", std::move(f.const_buf));
+  return out;
+}
+
+Tensor bound(const Case& c, const std::string& key, const TensorMap& in, const TensorMap& want) {
+  const Tensor& ref = want.at(key);
+  if (key == "grad.probs") return make_bound(TolClass::elementwise, ref.dtype(), ref, 1);
+  // The loss is a reduction over R*C terms kappa * tpe_c * probs[r,c].
+  const Tensor& probs = in.at("input.probs");
+  const Tensor& tpe = in.at("input.tokens_per_expert");
+  const double kappa = std::fabs(want.at("output.const_buf").at(0));
+  double abs_sum = 0;
+  for (int64_t r = 0; r < probs.dim(0); ++r)
+    for (int64_t col = 0; col < probs.dim(1); ++col)
+      abs_sum += kappa * std::fabs(tpe.at(col) * probs.at(r, col));
+  const int64_t n = std::max<int64_t>(1, probs.numel());
+  Tensor b(DType::f64, ref.shape());
+  if (key == "output.aux_loss") {
+    b.set(0, tol_bound(TolClass::reduction, ref.dtype(), ref.at(0), n, abs_sum));
+  } else {  // const_buf: kappa is exact, loss_f32 a reduction
+    b.set(0, 0.0);
+    b.set(1, tol_bound(TolClass::reduction, DType::f32, ref.at(1), n, abs_sum));
+  }
+  return b;
+}
+
+Cost cost(const Case& c) {
+  const double R = static_cast<double>(c.i("R")), C = static_cast<double>(c.i("C"));
+  const double d = static_cast<double>(dtype_size(c.dtype));
+  return Cost{R * C * d + C * 4 + d, C * 4 + R * C * d, 2 * R * C, R * C};
+}
+
+nlohmann::json to_params(const Case& c) {
+  const AuxLossParams p = params_of(c);
+  return {{"topk", p.topk},
+          {"coeff", p.coeff},
+          {"num_experts", p.num_experts == 0 ? c.i("C") : p.num_experts},
+          {"total_num_tokens", p.total_num_tokens == 0 ? c.i("R") : p.total_num_tokens}};
+}
+
+Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
+  Case c;
+  c.op = "moe_aux_loss";
+  c.dtype = d;
+  c.seed = seed;
+  const Tensor& probs = in.at("input.probs");
+  c.set("R", probs.dim(0)).set("C", probs.dim(1));
+  c.set("topk", j.at("topk").get<int64_t>()).set("coeff", j.at("coeff").get<double>());
+  c.set("num_experts", j.at("num_experts").get<int64_t>());
+  c.set("total_num_tokens", j.at("total_num_tokens").get<int64_t>());
+  c.set("tpe_dtype", std::string(dtype_name(in.at("input.tokens_per_expert").dtype())));
+  return c;
+}
+
+}  // namespace
+
+const OpInfo& moe_aux_loss_op() {
+  static const OpInfo op = [] {
+    OpInfo o;
+    o.name = "moe_aux_loss";
+    o.spec = "SPEC §3";
+    o.gen = gen;
+    o.named = named;
+    o.make_inputs = make_inputs;
+    o.reference = run_reference;
+    o.bound = bound;
+    o.cost = cost;
+    o.to_params = to_params;
+    o.from_params = from_params;
+    o.bench_cases = [] {
+      return std::vector<Case>{base(DType::f32, 65536, 256, 256, 8, "deepseek_v3_scores")};
+    };
+#ifdef MOE_WITH_CUDA
+    o.gpu = moe_aux_loss_gpu;
+    o.gpu_bench = moe_aux_loss_gpu_bench;
+#endif
+    return o;
+  }();
+  return op;
+}
+
+}  // namespace moe::ops
