@@ -29,29 +29,49 @@ __device__ inline void raise_error(void* flag, int32_t code, long long a, long l
 template <class T>
 __device__ __forceinline__ float to_f32(T v);
 template <>
-__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <class T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 
-// Dispatches a float dtype to the matching device type: f(float{}), f(__nv_bfloat16{}), f(__half{}).
+// Dispatches a float dtype to the matching device type: f(float{}), f(__nv_bfloat16{}),
+// f(__half{}).
 template <class F>
 void dispatch_float(DType dt, F&& f) {
   switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    default: break;
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::f16:
+      f(__half{});
+      return;
+    default:
+      break;
   }
   throw std::invalid_argument(std::string("unsupported dtype ") + std::string(dtype_name(dt)));
 }

@@ -13,12 +13,13 @@ namespace moe::gpu {
 
 using Stream = CUstream_st*;  // same type as cudaStream_t; nullptr = the default stream
 
-int device_count();  // 0 when there is no GPU or driver; never throws
+int device_count();                // 0 when there is no GPU or driver; never throws
 std::string device_description();  // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)"
 
 // Throws std::runtime_error naming the call, file and line when err != cudaSuccess.
 void check_cuda(int err, const char* what, const char* file, int line);
-#define MOE_CUDA_CHECK(call) ::moe::gpu::check_cuda(static_cast<int>(call), #call, __FILE__, __LINE__)
+#define MOE_CUDA_CHECK(call) \
+  ::moe::gpu::check_cuda(static_cast<int>(call), #call, __FILE__, __LINE__)
 
 // Owning device buffer with a dtype and a shape. Move-only; memory is cudaMalloc'd and left
 // uninitialised (ops write every element they own; tests poison buffers first).
@@ -45,9 +46,13 @@ class DeviceTensor {
   void* data() { return ptr_; }
   const void* data() const { return ptr_; }
   template <class T>
-  T* data() { return static_cast<T*>(ptr_); }
+  T* data() {
+    return static_cast<T*>(ptr_);
+  }
   template <class T>
-  const T* data() const { return static_cast<const T*>(ptr_); }
+  const T* data() const {
+    return static_cast<const T*>(ptr_);
+  }
   TensorMeta meta() const { return {dtype_, shape_}; }
   std::string describe() const { return std::string(dtype_name(dtype_)) + shape_str(shape_); }
 

@@ -14,8 +14,12 @@ namespace {
 using Eigen::ArrayXd;
 constexpr double kEps = static_cast<double>(kRouterEps);
 
-double sp_d(double x) { return x > 20.0 ? x : std::log1p(std::exp(x)); }
-double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sp_d(double x) {
+  return x > 20.0 ? x : std::log1p(std::exp(x));
+}
+double sigmoid_d(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 void check_grad_dtype(const Tensor& t, const char* what, Rounding r) {
   const DType d = t.dtype();
@@ -31,10 +35,10 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
                                      MapFormat fmt, Rounding r) {
   validate_aux_loss_scores(logits.meta(), topk, r == Rounding::none);
   const int64_t T = logits.dim(0), E = logits.dim(1);
-  AuxLossScoresFwd out{Tensor(out_dtype(DType::f32, r), {T, E}),
-                       Tensor(fmt == MapFormat::bytemap ? DType::boolean : DType::u8,
-                              routing_map_shape(T, E, fmt)),
-                       Tensor(out_dtype(DType::f32, r), {T, E})};
+  AuxLossScoresFwd out{
+      Tensor(out_dtype(DType::f32, r), {T, E}),
+      Tensor(fmt == MapFormat::bytemap ? DType::boolean : DType::u8, routing_map_shape(T, E, fmt)),
+      Tensor(out_dtype(DType::f32, r), {T, E})};
   ArrayXd x(E), u(E), sc(E);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t e = 0; e < E; ++e) x[e] = logits.at(t, e);
@@ -74,7 +78,8 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
 Tensor aux_loss_scores_bwd(const Tensor& grad_scores, const Tensor& saved_scores, ScoreFunction f,
                            DType logits_dtype, Rounding r) {
   require_rank(grad_scores.meta(), 2, "grad_scores");
-  if (!(grad_scores.dtype() == DType::f32 || (r == Rounding::none && grad_scores.dtype() == DType::f64))) {
+  if (!(grad_scores.dtype() == DType::f32 ||
+        (r == Rounding::none && grad_scores.dtype() == DType::f64))) {
     throw std::invalid_argument("grad_scores: must be float32, got " + grad_scores.describe());
   }
   const int64_t T = grad_scores.dim(0), E = grad_scores.dim(1);
@@ -148,7 +153,8 @@ Tensor moe_aux_loss_bwd(const Tensor& grad_aux_loss, const Tensor& const_buf,
   require_shape(grad_aux_loss.meta(), {}, "grad_aux_loss");
   require_shape(const_buf.meta(), {2}, "const_buf");
   require_rank(tokens_per_expert.meta(), 1, "tokens_per_expert");
-  if (num_rows < 0) throw std::invalid_argument("num_rows: must be >= 0, got " + std::to_string(num_rows));
+  if (num_rows < 0)
+    throw std::invalid_argument("num_rows: must be >= 0, got " + std::to_string(num_rows));
   const int64_t C = tokens_per_expert.dim(0);
   const auto kappa = static_cast<float>(const_buf.at(0));
   const double g = grad_aux_loss.at(0);

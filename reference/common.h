@@ -10,6 +10,8 @@ namespace moe::ref {
 enum class Rounding { to_dtype, none };
 
 // The dtype an output gets: `d` normally, f64 in finite-difference mode.
-inline DType out_dtype(DType d, Rounding r) { return r == Rounding::none ? DType::f64 : d; }
+inline DType out_dtype(DType d, Rounding r) {
+  return r == Rounding::none ? DType::f64 : d;
+}
 
 }  // namespace moe::ref

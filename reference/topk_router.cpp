@@ -23,8 +23,12 @@ using Eigen::ArrayXd;
 constexpr double kEps = static_cast<double>(kRouterEps);
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-double sp_d(double x) { return x > 20.0 ? x : std::log1p(std::exp(x)); }
-double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double sp_d(double x) {
+  return x > 20.0 ? x : std::log1p(std::exp(x));
+}
+double sigmoid_d(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
 
 // Canonical order: value descending, index ascending, IEEE equality (-0 == +0).
 std::vector<int> canonical_topk(const std::vector<float>& v, int64_t k) {
@@ -91,7 +95,8 @@ RowSelection select_row(const RowScores& r, const RouterParams& p, bool has_bias
     }
     std::vector<int> order(G);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return gscore[a] > gscore[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return gscore[a] > gscore[b]; });
     std::vector<bool> keep(G, false);
     for (int64_t i = 0; i < p.group_topk; ++i) keep[order[i]] = true;
     for (int64_t e = 0; e < E; ++e)
@@ -151,10 +156,15 @@ void post_process(const Tensor& logits, const RowScores& r, const std::vector<in
       for (int64_t e = 0; e < E; ++e) saved.set(t, e, sig ? sigmoid_d(xd[e]) : xd[e]);
       for (int64_t k = 0; k < K; ++k) {
         const int e = S[k];
-        double v = sig ? sigmoid_d(xd[e]) : std::sqrt(sp_d(xd[e]));
-        // Unbias as the kernel does (§1.2 step 4): fl(fl(s + b) - b) in fp32. In FD mode the
-        // exact s is used, so the analytic gradient (which uses unbiased s) is consistent.
-        if (has_bias && rnd == Rounding::to_dtype) v = (r.s[e] + r.b[e]) - r.b[e];
+        // v_e as the kernel forms it (§1.2 step 4): the fp32 score, unbiased as fl(fl(s + b) - b)
+        // in fp32, so a zero bias is bitwise a missing bias (R15). In finite-difference mode the
+        // exact double score is used, consistent with the analytic gradient.
+        double v;
+        if (rnd == Rounding::none) {
+          v = sig ? sigmoid_d(xd[e]) : std::sqrt(sp_d(xd[e]));
+        } else {
+          v = has_bias ? (r.s[e] + r.b[e]) - r.b[e] : r.s[e];
+        }
         pe[k] = v;
       }
       if (K > 1) pe /= (pe.sum() + kEps);
@@ -202,8 +212,8 @@ TopkRouterFwd forward_impl(const Tensor& logits, const Tensor* expert_bias, cons
         if (routing_map_get(*forced_map, t, e)) S.push_back(static_cast<int>(e));
       if (static_cast<int64_t>(S.size()) != p.topk) {
         throw std::invalid_argument("routing_map: row " + std::to_string(t) + " has " +
-                                    std::to_string(S.size()) + " experts, expected topk=" +
-                                    std::to_string(p.topk));
+                                    std::to_string(S.size()) +
+                                    " experts, expected topk=" + std::to_string(p.topk));
       }
     } else {
       S = select_row(rs, p, expert_bias != nullptr).experts;
@@ -222,8 +232,7 @@ TopkRouterFwd topk_router_fwd(const Tensor& logits, const Tensor* expert_bias,
 }
 
 TopkRouterFwd topk_router_fwd_forced(const Tensor& logits, const Tensor* expert_bias,
-                                     const RouterParams& p, const Tensor& routing_map,
-                                     Rounding r) {
+                                     const RouterParams& p, const Tensor& routing_map, Rounding r) {
   return forward_impl(logits, expert_bias, p, r, &routing_map);
 }
 
@@ -237,10 +246,12 @@ Tensor topk_router_bwd(const Tensor& grad_probs, const Tensor& routing_map,
   }
   const int64_t T = grad_probs.dim(0), E = grad_probs.dim(1);
   require_shape(saved_scores.meta(), {T, E}, "saved_scores");
-  if (!(saved_scores.dtype() == DType::f32 || (r == Rounding::none && saved_scores.dtype() == DType::f64))) {
+  if (!(saved_scores.dtype() == DType::f32 ||
+        (r == Rounding::none && saved_scores.dtype() == DType::f64))) {
     throw std::invalid_argument("saved_scores: must be float32, got " + saved_scores.describe());
   }
-  const MapFormat fmt = routing_map.dtype() == DType::u8 ? MapFormat::bitmap_u8 : MapFormat::bytemap;
+  const MapFormat fmt =
+      routing_map.dtype() == DType::u8 ? MapFormat::bitmap_u8 : MapFormat::bytemap;
   check_map_matches(routing_map, T, E, fmt, "routing_map");
   if (E <= 0) throw std::invalid_argument("num_experts: must be > 0, got " + std::to_string(E));
   if (!std::isfinite(p.scaling_factor)) {

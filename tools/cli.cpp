@@ -35,7 +35,8 @@ bool run_case(const ops::OpInfo& op, const Case& c, const std::string& backend, 
   row.worst_pct = std::max(row.worst_pct, r.worst_pct());
   if (r.ok()) {
     ++row.passed;
-    if (verbose) std::printf("PASS %s (worst %.1f%% of tolerance)\n", c.line().c_str(), r.worst_pct());
+    if (verbose)
+      std::printf("PASS %s (worst %.1f%% of tolerance)\n", c.line().c_str(), r.worst_pct());
     return true;
   }
   ++row.failed;
@@ -76,7 +77,8 @@ void add_check_command(CLI::App& app, int& status) {
   cmd->callback([&status] {
     if (backend.empty()) backend = ops::gpu_available() ? "gpu" : "reference";
     if (backend == "gpu" && !ops::gpu_available()) {
-      std::fprintf(stderr, "--backend gpu: no GPU available (%s)\n", ops::gpu_description().c_str());
+      std::fprintf(stderr, "--backend gpu: no GPU available (%s)\n",
+                   ops::gpu_description().c_str());
       status = 2;
       return;
     }
@@ -109,7 +111,8 @@ void add_check_command(CLI::App& app, int& status) {
       status = 2;
       return;
     }
-    std::printf("random cases per op: %d, seed: %llu\n", n_cases, static_cast<unsigned long long>(seed));
+    std::printf("random cases per op: %d, seed: %llu\n", n_cases,
+                static_cast<unsigned long long>(seed));
     std::vector<Row> rows;
     for (const ops::OpInfo* op : ops_to_run) {
       Row row;
@@ -136,8 +139,8 @@ void add_check_command(CLI::App& app, int& status) {
                 "worst %tol", "time s", "disposition");
     bool any_failed = false;
     for (const Row& r : rows) {
-      std::printf("%-34s %6d %6d %6d %10.1f %8.2f  %s\n", r.op.c_str(), r.cases, r.passed,
-                  r.failed, r.worst_pct, r.seconds, r.disposition.c_str());
+      std::printf("%-34s %6d %6d %6d %10.1f %8.2f  %s\n", r.op.c_str(), r.cases, r.passed, r.failed,
+                  r.worst_pct, r.seconds, r.disposition.c_str());
       any_failed |= r.failed > 0;
     }
     status = any_failed ? 1 : 0;
@@ -147,7 +150,8 @@ void add_check_command(CLI::App& app, int& status) {
 }  // namespace moe::tools
 
 int main(int argc, char** argv) {
-  CLI::App app{"moe-harness: proves Mixture-of-Experts kernels right (CPU reference, CUDA, golden files)"};
+  CLI::App app{
+      "moe-harness: proves Mixture-of-Experts kernels right (CPU reference, CUDA, golden files)"};
   app.require_subcommand(1);
   int status = 0;
   moe::tools::add_list_command(app, status);

@@ -43,8 +43,7 @@ std::string format_double(double v) {
 
 std::string Case::line() const {
   std::string out = "op=" + op + " dtype=" + std::string(dtype_name(dtype)) +
-                    " regime=" + std::string(regime_name(regime)) +
-                    " seed=" + std::to_string(seed);
+                    " regime=" + std::string(regime_name(regime)) + " seed=" + std::to_string(seed);
   for (auto& [k, v] : p) out += " " + k + "=" + v;
   return out;
 }
@@ -84,7 +83,8 @@ Case Case::parse(std::string_view line) {
 
 const std::string& Case::s(const std::string& key) const {
   auto it = p.find(key);
-  if (it == p.end()) throw std::invalid_argument("case " + op + ": missing parameter '" + key + "'");
+  if (it == p.end())
+    throw std::invalid_argument("case " + op + ": missing parameter '" + key + "'");
   return it->second;
 }
 

@@ -90,7 +90,9 @@ TensorReport compare(const std::string& name, const Tensor& got, const Tensor& w
       const bool nan_mismatch = std::isnan(g) != std::isnan(w);
       const bool inf_mismatch = (std::isinf(g) || std::isinf(w)) && g != w;
       bad = nan_mismatch || inf_mismatch || diff > b;
-      ratio = bad && (nan_mismatch || inf_mismatch) ? INFINITY : (b > 0 ? diff / b : (diff > 0 ? INFINITY : 0));
+      ratio = bad && (nan_mismatch || inf_mismatch)
+                  ? INFINITY
+                  : (b > 0 ? diff / b : (diff > 0 ? INFINITY : 0));
     }
     if (std::isfinite(diff)) {
       r.max_abs = std::max(r.max_abs, diff);

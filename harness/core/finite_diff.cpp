@@ -11,8 +11,7 @@
 namespace moe {
 
 bool FdResult::ok() const {
-  return std::isfinite(numeric) && std::isfinite(analytic) &&
-         std::fabs(numeric - analytic) <= tol;
+  return std::isfinite(numeric) && std::isfinite(analytic) && std::fabs(numeric - analytic) <= tol;
 }
 
 std::string FdResult::str() const {
@@ -58,8 +57,9 @@ std::vector<FdResult> fd_check(const LossFn& loss, const TensorMap& inputs, cons
     if (it == inputs.end()) throw std::invalid_argument("fd_check: no input for grad " + name);
     const Tensor& x0 = it->second;
     if (x0.dtype() != DType::f64 || g.shape() != x0.shape()) {
-      throw std::invalid_argument("fd_check: input " + name + " must be f64 and match its grad, got " +
-                                  x0.describe() + " vs " + g.describe());
+      throw std::invalid_argument("fd_check: input " + name +
+                                  " must be f64 and match its grad, got " + x0.describe() + " vs " +
+                                  g.describe());
     }
     const Tensor* mask = masks.count(name) ? &masks.at(name) : nullptr;
     auto scale = [&](int64_t i) {

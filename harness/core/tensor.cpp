@@ -169,12 +169,14 @@ std::string Tensor::describe() const {
   return std::string(dtype_name(dtype_)) + shape_str(shape_);
 }
 
-std::string TensorMeta::describe() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
+std::string TensorMeta::describe() const {
+  return std::string(dtype_name(dtype)) + shape_str(shape);
+}
 
 void require_rank(const TensorMeta& t, size_t rank, const std::string& what) {
   if (t.rank() != rank) {
-    throw std::invalid_argument(what + ": expected a " + std::to_string(rank) +
-                                "-D tensor, got " + t.describe());
+    throw std::invalid_argument(what + ": expected a " + std::to_string(rank) + "-D tensor, got " +
+                                t.describe());
   }
 }
 

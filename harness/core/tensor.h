@@ -32,7 +32,7 @@ struct TensorMeta {
 
 class Tensor {
  public:
-  Tensor() = default;  // float32 scalar-less empty tensor of shape [0]
+  Tensor() = default;             // float32 scalar-less empty tensor of shape [0]
   Tensor(DType dt, Shape shape);  // zero-filled
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
@@ -62,8 +62,8 @@ class Tensor {
     return reinterpret_cast<const T*>(bytes_.data());
   }
 
-  double at(int64_t i) const;            // flat index
-  void set(int64_t i, double v);         // rounds to dtype
+  double at(int64_t i) const;     // flat index
+  void set(int64_t i, double v);  // rounds to dtype
   double at(int64_t r, int64_t c) const { return at(r * row_stride() + c); }
   void set(int64_t r, int64_t c, double v) { set(r * row_stride() + c, v); }
   int64_t row_stride() const;  // product of dims after the first

@@ -15,9 +15,9 @@ rc::Gen<Case> gen() {
     Case c;
     c.op = "aux_loss_scores";
     c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime = *rc::gen::element(Regime::uniform, Regime::skewed, Regime::exact_ties,
-                                 Regime::near_ties, Regime::large_magnitude, Regime::all_to_one,
-                                 Regime::zero_tokens);
+    c.regime =
+        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::exact_ties, Regime::near_ties,
+                          Regime::large_magnitude, Regime::all_to_one, Regime::zero_tokens);
     c.seed = *rc::gen::arbitrary<uint32_t>();
     const int64_t E = *rc::gen::inRange<int64_t>(1, 70);
     c.set("T", c.regime == Regime::zero_tokens ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 24));
@@ -44,7 +44,8 @@ std::vector<Case> named() {
     v.push_back(base(DType::bf16, 128, 32, 4, f, std::string("R10_") + f));
   }
   v.push_back(base(DType::f32, 16, 8, 1, "sigmoid", "k1_normalised_over_all"));
-  v.push_back(base(DType::f16, 16, 64, 8, "softmax", "bitmap").set("routing_map_format", "bitmap_u8"));
+  v.push_back(
+      base(DType::f16, 16, 64, 8, "softmax", "bitmap").set("routing_map_format", "bitmap_u8"));
   v.push_back(base(DType::f32, 0, 8, 2, "softmax", "zero_tokens"));
   v.back().regime = Regime::zero_tokens;
   return v;
@@ -68,8 +69,8 @@ TensorMap run_reference(const Case& c, const TensorMap& in, bool exact) {
   ref::AuxLossScoresFwd fw = ref::aux_loss_scores_fwd(
       logits, c.i("topk"), f, parse_map_format(c.s("routing_map_format", "bytemap")), rnd);
   TensorMap out;
-  out.emplace("grad.logits", ref::aux_loss_scores_bwd(in.at("cotangent.scores"), fw.saved_scores,
-                                                      f, c.dtype, rnd));
+  out.emplace("grad.logits", ref::aux_loss_scores_bwd(in.at("cotangent.scores"), fw.saved_scores, f,
+                                                      c.dtype, rnd));
   out.emplace("output.scores", std::move(fw.scores));
   out.emplace("output.routing_map", std::move(fw.routing_map));
   out.emplace("output.saved_scores", std::move(fw.saved_scores));
@@ -107,8 +108,9 @@ Tensor bound(const Case& c, const std::string& key, const TensorMap& in, const T
     }
     for (int64_t e = 0; e < E; ++e) {
       const double g = std::fabs(ct.at(t, e));
-      mag.set(t, e, f == ScoreFunction::softmax ? std::fabs(y[e]) * (g + sum_gy)
-                                                : cc[e] * (g / A + sum_gy / (A * A)));
+      mag.set(t, e,
+              f == ScoreFunction::softmax ? std::fabs(y[e]) * (g + sum_gy)
+                                          : cc[e] * (g / A + sum_gy / (A * A)));
     }
   }
   return make_bound(TolClass::reduction, ref.dtype(), ref, n, &mag);
@@ -163,7 +165,8 @@ std::vector<std::string> invariants(const Case& c, const TensorMap&, const Tenso
       n += routing_map_get(map, t, e);
       sum += scores.at(t, e);
     }
-    if (n != K) bad.push_back("row " + std::to_string(t) + " has " + std::to_string(n) + " routed experts");
+    if (n != K)
+      bad.push_back("row " + std::to_string(t) + " has " + std::to_string(n) + " routed experts");
     if (std::fabs(sum - 1.0) > 1e-5) {
       bad.push_back("row " + std::to_string(t) + ": scores sum to " + format_double(sum));
     }

@@ -38,7 +38,8 @@ Report compare_outputs(const OpInfo& op, const Case& c, const TensorMap& in, con
     }
   }
   for (auto& [key, g] : got) {
-    if (!want.count(key)) r.failures.push_back(key + ": produced but the reference has no such tensor");
+    if (!want.count(key))
+      r.failures.push_back(key + ": produced but the reference has no such tensor");
   }
   return r;
 }

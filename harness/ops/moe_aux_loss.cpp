@@ -84,8 +84,8 @@ TensorMap run_reference(const Case& c, const TensorMap& in, bool exact) {
   const Tensor& tpe = in.at("input.tokens_per_expert");
   ref::MoeAuxLossFwd f = ref::moe_aux_loss_fwd(probs, tpe, params_of(c), rnd);
   TensorMap out;
-  out.emplace("grad.probs",
-              ref::moe_aux_loss_bwd(in.at("cotangent.aux_loss"), f.const_buf, tpe, probs.dim(0), rnd));
+  out.emplace("grad.probs", ref::moe_aux_loss_bwd(in.at("cotangent.aux_loss"), f.const_buf, tpe,
+                                                  probs.dim(0), rnd));
   out.emplace("output.aux_loss", std::move(f.aux_loss));
   out.emplace("output.const_buf", std::move(f.const_buf));
   return out;

@@ -15,9 +15,9 @@ rc::Gen<Case> gen() {
     Case c;
     c.op = "topk_router";
     c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime = *rc::gen::element(Regime::uniform, Regime::skewed, Regime::exact_ties,
-                                 Regime::near_ties, Regime::large_magnitude, Regime::all_to_one,
-                                 Regime::zero_tokens);
+    c.regime =
+        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::exact_ties, Regime::near_ties,
+                          Regime::large_magnitude, Regime::all_to_one, Regime::zero_tokens);
     c.seed = *rc::gen::arbitrary<uint32_t>();
     int64_t E, K, G = 0, gk = 0;
     if (*rc::gen::element(false, false, true)) {  // grouped top-k on a third of the cases
@@ -61,13 +61,16 @@ std::vector<Case> named() {
   for (DType d : {DType::bf16, DType::f16}) {
     const std::string dn(dtype_name(d));
     v.push_back(base(d, 2048, 128, 8, "softmax", "R2_" + dn + "_softmax_post"));
-    v.push_back(base(d, 2048, 128, 8, "softmax", "R2_" + dn + "_softmax_pre").set("use_pre_softmax", true));
+    v.push_back(
+        base(d, 2048, 128, 8, "softmax", "R2_" + dn + "_softmax_pre").set("use_pre_softmax", true));
     v.push_back(base(d, 2048, 128, 8, "sigmoid", "R2_" + dn + "_sigmoid"));
-    v.push_back(base(d, 2048, 128, 8, "sigmoid", "R2_" + dn + "_sigmoid_bias").set("expert_bias", true));
+    v.push_back(
+        base(d, 2048, 128, 8, "sigmoid", "R2_" + dn + "_sigmoid_bias").set("expert_bias", true));
     v.push_back(base(d, 2048, 128, 8, "sqrtsoftplus", "R2_" + dn + "_sqrtsoftplus"));
   }
   // R2 secondary fix: an f32 cotangent with bf16 logits gives an f32 grad_logits.
-  v.push_back(base(DType::bf16, 64, 32, 4, "sigmoid", "R2_bf16_logits_f32_cotangent").set("grad_dtype", "float32"));
+  v.push_back(base(DType::bf16, 64, 32, 4, "sigmoid", "R2_bf16_logits_f32_cotangent")
+                  .set("grad_dtype", "float32"));
   // R13: exact ties (known answers are asserted in tests/cpu/test_router.cpp).
   v.push_back(base(DType::f32, 4, 8, 3, "sigmoid", "R13_A").set("scaling_factor", 1.0));
   v.back().regime = Regime::exact_ties;
@@ -75,16 +78,22 @@ std::vector<Case> named() {
   v.back().regime = Regime::exact_ties;
   v.push_back(base(DType::f32, 4, 64, 16, "sigmoid", "R13_C"));
   v.back().regime = Regime::exact_ties;
-  v.push_back(base(DType::f32, 4, 8, 4, "sigmoid", "R13_grouped").set("num_groups", int64_t{4}).set("group_topk", int64_t{2}));
+  v.push_back(base(DType::f32, 4, 8, 4, "sigmoid", "R13_grouped")
+                  .set("num_groups", int64_t{4})
+                  .set("group_topk", int64_t{2}));
   v.back().regime = Regime::exact_ties;
   // R15: sigmoid with and without an expert bias.
   v.push_back(base(DType::f32, 64, 32, 4, "sigmoid", "R15_no_bias"));
   v.push_back(base(DType::f32, 64, 32, 4, "sigmoid", "R15_bias").set("expert_bias", true));
   // Catalogue: DeepSeek-V3-like and Mixtral-like shapes, small T; bitmap; edge cases.
-  v.push_back(base(DType::bf16, 32, 256, 8, "sigmoid", "deepseek_v3").set("expert_bias", true)
-                  .set("num_groups", int64_t{8}).set("group_topk", int64_t{4}).set("scaling_factor", 2.5));
+  v.push_back(base(DType::bf16, 32, 256, 8, "sigmoid", "deepseek_v3")
+                  .set("expert_bias", true)
+                  .set("num_groups", int64_t{8})
+                  .set("group_topk", int64_t{4})
+                  .set("scaling_factor", 2.5));
   v.push_back(base(DType::bf16, 32, 8, 2, "softmax", "mixtral"));
-  v.push_back(base(DType::f32, 16, 64, 6, "sqrtsoftplus", "bitmap_sqrtsoftplus").set("routing_map_format", "bitmap_u8"));
+  v.push_back(base(DType::f32, 16, 64, 6, "sqrtsoftplus", "bitmap_sqrtsoftplus")
+                  .set("routing_map_format", "bitmap_u8"));
   v.push_back(base(DType::f16, 16, 7, 7, "softmax", "k_equals_e_pre").set("use_pre_softmax", true));
   v.push_back(base(DType::f32, 16, 1, 1, "sigmoid", "e1_k1"));
   v.push_back(base(DType::f32, 0, 16, 2, "softmax", "zero_tokens"));
@@ -121,14 +130,13 @@ const Tensor* bias_of(const TensorMap& in) {
   return it == in.end() ? nullptr : &it->second;
 }
 
-TensorMap run_reference(const Case& c, const TensorMap& in, bool exact,
-                        const Tensor* forced_map) {
+TensorMap run_reference(const Case& c, const TensorMap& in, bool exact, const Tensor* forced_map) {
   const RouterParams p = router_params(c);
   const auto rnd = exact ? ref::Rounding::none : ref::Rounding::to_dtype;
   const Tensor& logits = in.at("input.logits");
-  ref::TopkRouterFwd f =
-      forced_map ? ref::topk_router_fwd_forced(logits, bias_of(in), p, *forced_map, rnd)
-                 : ref::topk_router_fwd(logits, bias_of(in), p, rnd);
+  ref::TopkRouterFwd f = forced_map
+                             ? ref::topk_router_fwd_forced(logits, bias_of(in), p, *forced_map, rnd)
+                             : ref::topk_router_fwd(logits, bias_of(in), p, rnd);
   TensorMap out;
   out.emplace("grad.logits", ref::topk_router_bwd(in.at("cotangent.probs"), f.routing_map,
                                                   f.saved_scores, p, rnd));
@@ -153,7 +161,8 @@ Tensor bound(const Case& c, const std::string& key, const TensorMap& in, const T
   if (key == "output.probs") return make_bound(TolClass::reduction, ref.dtype(), ref, n);
   if (key == "output.saved_scores") {
     if (p.score_function == ScoreFunction::sqrtsoftplus) return Tensor(DType::f64, ref.shape());
-    if (p.score_function == ScoreFunction::sigmoid) return make_bound(TolClass::elementwise, DType::f32, ref, 1);
+    if (p.score_function == ScoreFunction::sigmoid)
+      return make_bound(TolClass::elementwise, DType::f32, ref, 1);
     return make_bound(TolClass::reduction, DType::f32, ref, n);
   }
   // grad.logits: bound from the magnitude of the terms of the §1.3 backward.
@@ -186,7 +195,8 @@ Tensor bound(const Case& c, const std::string& key, const TensorMap& in, const T
       const double ae = a.at(t, e);
       double m = 0;
       if (p.score_function == ScoreFunction::softmax) {
-        if (std::isfinite(ae) && (r || p.use_pre_softmax)) m = std::fabs(ae) * ((r ? g[e] : 0) + sum_ga);
+        if (std::isfinite(ae) && (r || p.use_pre_softmax))
+          m = std::fabs(ae) * ((r ? g[e] : 0) + sum_ga);
       } else if (r) {
         m = p.topk > 1 ? cc[e] * (g[e] / A + sum_ga / (A * A)) : cc[e] * g[e];
       }
@@ -280,15 +290,18 @@ std::vector<std::string> invariants(const Case& c, const TensorMap& in, const Te
       bad.push_back("row " + std::to_string(t) + ": softmax-post probs sum to " +
                     format_double(sum) + ", expected scaling_factor");
     }
-    if (p.score_function == ScoreFunction::softmax && p.use_pre_softmax && std::fabs(sum) > s + tol) {
+    if (p.score_function == ScoreFunction::softmax && p.use_pre_softmax &&
+        std::fabs(sum) > s + tol) {
       bad.push_back("row " + std::to_string(t) + ": softmax-pre probs sum above scaling_factor");
     }
   }
   // bitmap vs bytemap: identical probs and the LSB-first packing of the bytemap.
   Case other = c;
-  other.set("routing_map_format", p.routing_map_format == MapFormat::bytemap ? "bitmap_u8" : "bytemap");
+  other.set("routing_map_format",
+            p.routing_map_format == MapFormat::bytemap ? "bitmap_u8" : "bytemap");
   const TensorMap o = run_reference(other, in, false, nullptr);
-  if (!o.at("output.probs").bitwise_equal(probs) || !o.at("grad.logits").bitwise_equal(out.at("grad.logits"))) {
+  if (!o.at("output.probs").bitwise_equal(probs) ||
+      !o.at("grad.logits").bitwise_equal(out.at("grad.logits"))) {
     bad.push_back("probs or grads differ between bytemap and bitmap_u8");
   }
   const Tensor& om = o.at("output.routing_map");
@@ -322,7 +335,8 @@ TensorMap fd_masks(const Case& c, const TensorMap& in) {
 Cost cost(const Case& c) {
   const double T = static_cast<double>(c.i("T")), E = static_cast<double>(c.i("E"));
   const double d = static_cast<double>(dtype_size(c.dtype));
-  const double map = router_params(c).routing_map_format == MapFormat::bytemap ? E : std::ceil(E / 8);
+  const double map =
+      router_params(c).routing_map_format == MapFormat::bytemap ? E : std::ceil(E / 8);
   const double g = static_cast<double>(dtype_size(parse_dtype(c.s("grad_dtype", "float32"))));
   Cost k;
   k.fwd_bytes = T * (E * d + E * d + map + E * 4);  // logits in; probs, map, saved out
@@ -356,9 +370,9 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
   c.set("scaling_factor", j.at("scaling_factor").get<double>());
   c.set("routing_map_format", j.at("routing_map_format").get<std::string>());
   c.set("expert_bias", in.count("input.expert_bias") != 0);
-  c.set("grad_dtype", std::string(dtype_name(in.count("cotangent.probs")
-                                                 ? in.at("cotangent.probs").dtype()
-                                                 : d)));
+  c.set(
+      "grad_dtype",
+      std::string(dtype_name(in.count("cotangent.probs") ? in.at("cotangent.probs").dtype() : d)));
   return c;
 }
 

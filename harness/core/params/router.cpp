@@ -6,7 +6,9 @@
 namespace moe {
 
 namespace {
-[[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
+[[noreturn]] void bad(const std::string& msg) {
+  throw std::invalid_argument(msg);
+}
 
 void check_float_dtype(const TensorMeta& t, const std::string& what, bool allow_f64) {
   const DType d = t.dtype;
@@ -69,12 +71,12 @@ void validate_topk_router(const TensorMeta& logits, const TensorMeta* bias, cons
     const int64_t G = p.num_groups, gk = p.group_topk;
     if (G <= 0) bad("num_groups: must be > 0 when group_topk > 0, got " + std::to_string(G));
     if (E % G != 0) {
-      bad("num_groups: num_experts=" + std::to_string(E) + " is not divisible by num_groups=" +
-          std::to_string(G));
+      bad("num_groups: num_experts=" + std::to_string(E) +
+          " is not divisible by num_groups=" + std::to_string(G));
     }
     if (p.topk % gk != 0) {
-      bad("group_topk: topk=" + std::to_string(p.topk) + " is not divisible by group_topk=" +
-          std::to_string(gk));
+      bad("group_topk: topk=" + std::to_string(p.topk) +
+          " is not divisible by group_topk=" + std::to_string(gk));
     }
     if (gk > G) {
       bad("group_topk: " + std::to_string(gk) + " exceeds num_groups=" + std::to_string(G));
@@ -103,13 +105,12 @@ void validate_aux_loss_scores(const TensorMeta& logits, int64_t topk, bool allow
         std::to_string(kMaxExperts));
   }
   if (topk < 1 || topk > E) {
-    bad("topk: must be in [1, num_experts=" + std::to_string(E) + "], got " +
-        std::to_string(topk));
+    bad("topk: must be in [1, num_experts=" + std::to_string(E) + "], got " + std::to_string(topk));
   }
 }
 
-AuxLossParams validate_moe_aux_loss(const TensorMeta& probs, const TensorMeta& tpe, const AuxLossParams& p,
-                                    bool allow_f64) {
+AuxLossParams validate_moe_aux_loss(const TensorMeta& probs, const TensorMeta& tpe,
+                                    const AuxLossParams& p, bool allow_f64) {
   require_rank(probs, 2, "probs");
   check_float_dtype(probs, "probs", allow_f64);
   AuxLossParams r = p;
@@ -120,8 +121,8 @@ AuxLossParams validate_moe_aux_loss(const TensorMeta& probs, const TensorMeta& t
   if (!std::isfinite(p.coeff)) bad("coeff: must be finite, got " + std::to_string(p.coeff));
   if (r.num_experts < 1) bad("num_experts: must be >= 1, got " + std::to_string(r.num_experts));
   if (C % r.num_experts != 0) {
-    bad("num_experts: the column count " + std::to_string(C) + " is not divisible by num_experts=" +
-        std::to_string(r.num_experts));
+    bad("num_experts: the column count " + std::to_string(C) +
+        " is not divisible by num_experts=" + std::to_string(r.num_experts));
   }
   if (r.total_num_tokens <= 0) {
     bad("total_num_tokens: must be > 0, got " + std::to_string(r.total_num_tokens));

@@ -35,8 +35,8 @@ struct RouterParams {
 inline constexpr int64_t kMaxExperts = 4096;
 
 // §1.5 host checks for topk_router. allow_f64: the reference's finite-difference mode.
-void validate_topk_router(const TensorMeta& logits, const TensorMeta* expert_bias, const RouterParams& p,
-                          bool allow_f64 = false);
+void validate_topk_router(const TensorMeta& logits, const TensorMeta* expert_bias,
+                          const RouterParams& p, bool allow_f64 = false);
 // §2: topk/score_function/format checks, no grouping or bias.
 void validate_aux_loss_scores(const TensorMeta& logits, int64_t topk, bool allow_f64 = false);
 

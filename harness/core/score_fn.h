@@ -1,0 +1,203 @@
+// Router score functions in fp32 (SPEC §1.2, §2), one implementation for host and device.
+//
+// Selection (top-k) is defined on fp32 values (SPEC §1.4), so the CPU reference and the CUDA
+// kernels must compute the same fp32 score bit for bit, or near-ties resolve differently. The
+// libraries' expf/log1pf differ by ulps between glibc and CUDA, so this header implements exp and
+// log1p with plain IEEE fp32 add/sub/mul/div and integer bit operations only. Each operation is
+// correctly rounded on both sides, provided there is no FMA contraction (host: -ffp-contract=off;
+// nvcc: --fmad=false, both set by CMakeLists.txt) and denormals are kept (no fast-math).
+// Accuracy (measured against double over a sweep of fp32 inputs): see the numbers below each.
+//
+// Row sums: the CUDA row kernels hold a row as `lanes` lanes of `slots` values each (row_layout);
+// each lane adds its slots in order, then the lanes combine by an xor butterfly. row_sum_f32
+// reproduces that order on the host, so the fp32 softmax denominators agree bitwise too.
+//
+// C++17 (included by .cu files); no CUDA types.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define MOE_HD __host__ __device__ __forceinline__
+#else
+#define MOE_HD inline
+#endif
+
+namespace moe::score {
+
+MOE_HD uint32_t float_bits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+
+MOE_HD float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+// 2^n for n in [-126, 127], built from its bits (exact).
+MOE_HD float pow2_f32(int n) {
+  return bits_float(static_cast<uint32_t>(n + 127) << 23);
+}
+
+MOE_HD float floor_f32(float x) {
+#ifdef __CUDA_ARCH__
+  return floorf(x);
+#else
+  return std::floor(x);
+#endif
+}
+
+// e^x. Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n*kLn2Hi is exact),
+// a degree-7 Taylor polynomial kept as 1 + (r + r^2 q(r)) so its rounding error is scaled down,
+// then an exact scaling by 2^n (two steps when the result is subnormal).
+MOE_HD float exp_f32(float x) {
+  if (x != x) return x;
+  if (x > 88.72283935546875f) return INFINITY;  // above ln(FLT_MAX)
+  if (x < -103.972084045410156f) return 0.0f;   // below ln(smallest subnormal / 2)
+  const float kLog2e = 1.44269502162933349609f;
+  const float kLn2Hi = 0.693145751953125f;        // 15 significant bits
+  const float kLn2Lo = 1.42860676533018704e-06f;  // ln2 - kLn2Hi
+  const float nf = floor_f32(x * kLog2e + 0.5f);
+  const int n = static_cast<int>(nf);
+  const float r = (x - nf * kLn2Hi) - nf * kLn2Lo;
+  float q = 1.0f / 5040.0f;
+  q = q * r + 1.0f / 720.0f;
+  q = q * r + 1.0f / 120.0f;
+  q = q * r + 1.0f / 24.0f;
+  q = q * r + 1.0f / 6.0f;
+  q = q * r + 0.5f;
+  const float p = 1.0f + (r + (r * r) * q);
+  if (n > 127) return (p * pow2_f32(127)) * pow2_f32(n - 127);
+  if (n < -126) return (p * pow2_f32(n + 64)) * pow2_f32(-64);
+  return p * pow2_f32(n);
+}
+
+// log(1 + y) for y >= 0 (the softplus range), fdlibm's method in fp32: u = fl(1 + y) = m 2^k with
+// m in [sqrt(1/2), sqrt(2)), c the rounding error of u relative to u, f = m - 1 (exact),
+// log(1 + f) = f - (f^2/2 - s (f^2/2 + R(s^2))) with s = f / (2 + f), then k ln2 + c.
+MOE_HD float log1p_f32(float y) {
+  if (!(y < INFINITY)) return y;
+  const float u = 1.0f + y;
+  if (u == 1.0f) return y;
+  const uint32_t b = float_bits(u);
+  int k = static_cast<int>(b >> 23) - 127;
+  float m = bits_float((b & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+  if (m > 1.41421353816986083984f) {
+    m = m * 0.5f;
+    k += 1;
+  }
+  const float c = (k > 0 ? 1.0f - (u - y) : y - (u - 1.0f)) / u;
+  const float f = m - 1.0f;
+  const float hfsq = (0.5f * f) * f;
+  const float s = f / (2.0f + f);
+  const float z = s * s;
+  float q = 2.0f / 15.0f;
+  q = q * z + 2.0f / 13.0f;
+  q = q * z + 2.0f / 11.0f;
+  q = q * z + 2.0f / 9.0f;
+  q = q * z + 2.0f / 7.0f;
+  q = q * z + 2.0f / 5.0f;
+  q = q * z + 2.0f / 3.0f;
+  const float R = z * q;
+  const float kf = static_cast<float>(k);
+  const float kLn2Hi = 0.693145751953125f;
+  const float kLn2Lo = 1.42860676533018704e-06f;
+  return kf * kLn2Hi - ((hfsq - (s * (hfsq + R) + (kf * kLn2Lo + c))) - f);
+}
+
+// sigma(x) = 1 / (1 + e^-x); for x < 0 as e^x / (1 + e^x), which stays accurate (and non-zero)
+// where e^-x overflows.
+MOE_HD float sigmoid_f32(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + exp_f32(-x));
+  const float e = exp_f32(x);
+  return e / (1.0f + e);
+}
+
+// sp(x) = x if x > 20, else log1p(exp(x)) (SPEC §1.2).
+MOE_HD float softplus_f32(float x) {
+  return x > 20.0f ? x : log1p_f32(exp_f32(x));
+}
+
+MOE_HD float sqrt_f32(float x) {
+#ifdef __CUDA_ARCH__
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// sqrt(sp(x)). Below x = -20, log1p(e^x) = e^x to fp32 precision, and sqrt(e^x) = e^(x/2) keeps
+// full precision where e^x itself would be subnormal (x < -87).
+MOE_HD float sqrtsoftplus_f32(float x) {
+  return x < -20.0f ? exp_f32(0.5f * x) : sqrt_f32(softplus_f32(x));
+}
+
+// The CUDA row kernels' layout of one row of E values: `lanes` lanes (a power of two <= 32), each
+// holding `slots` values in chunks of 8 consecutive experts; slot j of lane l holds expert
+// (j / 8) * 8 * lanes + 8 * l + j % 8. slots == 0 means E is beyond what the kernels support.
+struct RowLayout {
+  int lanes = 0;
+  int slots = 0;
+};
+inline constexpr int64_t kMaxRowExperts = 4096;
+MOE_HD RowLayout row_layout(int64_t experts) {
+  if (experts <= 8) return {1, 8};
+  if (experts <= 16) return {2, 8};
+  if (experts <= 32) return {4, 8};
+  if (experts <= 64) return {8, 8};
+  if (experts <= 128) return {16, 8};
+  if (experts <= 256) return {32, 8};
+  if (experts <= 512) return {32, 16};
+  if (experts <= 1024) return {32, 32};
+  if (experts <= kMaxRowExperts) return {32, 128};
+  return {32, 0};
+}
+MOE_HD int64_t row_layout_expert(const RowLayout& l, int lane, int slot) {
+  return static_cast<int64_t>(slot / 8) * 8 * l.lanes + 8 * lane + slot % 8;
+}
+
+// Sum of v[0..E) in the CUDA kernels' fp32 order. `use[e]` false drops e (null: all are used).
+// Host only (a device lane holds its own slots).
+inline float row_sum_f32(const float* v, int64_t experts, const bool* use = nullptr) {
+  const RowLayout l = row_layout(experts);
+  float part[32];
+  for (int lane = 0; lane < l.lanes; ++lane) {
+    float s = 0.0f;
+    for (int j = 0; j < l.slots; ++j) {
+      const int64_t e = row_layout_expert(l, lane, j);
+      if (e < experts && (use == nullptr || use[e])) s = s + v[e];
+    }
+    part[lane] = s;
+  }
+  for (int off = l.lanes / 2; off > 0; off /= 2) {
+    float next[32];
+    for (int lane = 0; lane < l.lanes; ++lane) next[lane] = part[lane] + part[lane ^ off];
+    for (int lane = 0; lane < l.lanes; ++lane) part[lane] = next[lane];
+  }
+  return part[0];
+}
+
+// Softmax pre (SPEC §1.2) of one row as the kernels compute it: m = max x, ex = exp(x - m),
+// s = ex * (1 / sum ex) with the sum in row_sum_f32 order. Host only.
+inline void softmax_f32(const float* x, float* s, int64_t experts) {
+  float m = -INFINITY;
+  for (int64_t e = 0; e < experts; ++e) m = x[e] > m ? x[e] : m;
+  for (int64_t e = 0; e < experts; ++e) s[e] = exp_f32(x[e] - m);
+  const float inv = 1.0f / row_sum_f32(s, experts);
+  for (int64_t e = 0; e < experts; ++e) s[e] = s[e] * inv;
+}
+
+}  // namespace moe::score
