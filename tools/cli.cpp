@@ -2,6 +2,9 @@
 //
 //   moe-harness list
 //   moe-harness check [--op NAME] [--backend reference|gpu] [--cases N] [--seed S] [--case LINE]
+//   moe-harness golden record|verify|diff|show ...   (tools/golden_cmd.cpp)
+//   moe-harness bench [--op NAME] [--json FILE]        (tools/bench_cmd.cpp)
+//   moe-harness launch -n N -- COMMAND...              (tools/launch_cmd.cpp)
 //
 // Exit status: 0 all passed, 1 a check failed, 2 bad usage (or --backend gpu without a GPU).
 #include <chrono>
@@ -161,6 +164,9 @@ int main(int argc, char** argv) {
 #endif
 #ifdef MOE_HAS_BENCH_CMD
   moe::tools::add_bench_command(app, status);
+#endif
+#ifdef MOE_HAS_LAUNCH_CMD
+  moe::tools::add_launch_command(app, status);
 #endif
   try {
     app.parse(argc, argv);
