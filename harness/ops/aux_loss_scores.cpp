@@ -19,9 +19,9 @@ rc::Gen<Case> gen() {
         *rc::gen::element(Regime::uniform, Regime::skewed, Regime::exact_ties, Regime::near_ties,
                           Regime::large_magnitude, Regime::all_to_one, Regime::zero_tokens);
     c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t E = *rc::gen::inRange<int64_t>(1, 70);
-    c.set("T", c.regime == Regime::zero_tokens ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 24));
-    c.set("E", E).set("topk", *rc::gen::inRange<int64_t>(1, E + 1));
+    const int64_t E = *any_in(1, 70);
+    c.set("T", c.regime == Regime::zero_tokens ? int64_t{0} : *any_in(1, 24));
+    c.set("E", E).set("topk", *any_in(1, E + 1));
     c.set("score_function", *rc::gen::element<std::string>("softmax", "sigmoid", "sqrtsoftplus"));
     c.set("routing_map_format", *rc::gen::element<std::string>("bytemap", "bitmap_u8"));
     return c;

@@ -26,12 +26,12 @@ rc::Gen<Case> gen() {
     c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
     c.regime = *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens);
     c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t E = *rc::gen::inRange<int64_t>(1, 40), m = *rc::gen::inRange<int64_t>(1, 4);
-    const int64_t R = c.regime == Regime::zero_tokens ? 0 : *rc::gen::inRange<int64_t>(1, 40);
+    const int64_t E = *any_in(1, 40), m = *any_in(1, 4);
+    const int64_t R = c.regime == Regime::zero_tokens ? 0 : *any_in(1, 40);
     c.set("R", R).set("C", E * m).set("num_experts", E);
-    c.set("topk", *rc::gen::inRange<int64_t>(1, E + 1));
+    c.set("topk", *any_in(1, E + 1));
     c.set("coeff", *rc::gen::element(1e-2, 1.0, 0.5));
-    c.set("total_num_tokens", std::max<int64_t>(1, R * *rc::gen::inRange<int64_t>(1, 3)));
+    c.set("total_num_tokens", std::max<int64_t>(1, R * *any_in(1, 3)));
     c.set("tpe_dtype", *rc::gen::element<std::string>("int32", "int64"));
     return c;
   });

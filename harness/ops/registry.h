@@ -74,6 +74,13 @@ struct OpInfo {
   std::function<std::vector<Case>()> bench_cases;
 };
 
+// A size-independent integer in [lo, hi) for case generators that still shrinks towards lo.
+// rapidcheck's inRange scales its range with the generation size, which under a small
+// max_size would confine shapes to their smallest values.
+inline rc::Gen<int64_t> any_in(int64_t lo, int64_t hi) {
+  return rc::gen::resize(rc::kNominalSize, rc::gen::inRange<int64_t>(lo, hi));
+}
+
 const std::vector<const OpInfo*>& all_ops();
 const OpInfo* find_op(std::string_view name);  // null if unknown
 

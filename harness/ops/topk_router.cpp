@@ -21,17 +21,17 @@ rc::Gen<Case> gen() {
     c.seed = *rc::gen::arbitrary<uint32_t>();
     int64_t E, K, G = 0, gk = 0;
     if (*rc::gen::element(false, false, true)) {  // grouped top-k on a third of the cases
-      G = *rc::gen::inRange<int64_t>(1, 9);
-      const int64_t per = *rc::gen::inRange<int64_t>(1, 9);
+      G = *any_in(1, 9);
+      const int64_t per = *any_in(1, 9);
       E = G * per;
-      gk = *rc::gen::inRange<int64_t>(1, G + 1);
-      K = gk * *rc::gen::inRange<int64_t>(1, per + 1);
+      gk = *any_in(1, G + 1);
+      K = gk * *any_in(1, per + 1);
     } else {
-      E = *rc::gen::inRange<int64_t>(1, 70);
-      K = *rc::gen::inRange<int64_t>(1, E + 1);
+      E = *any_in(1, 70);
+      K = *any_in(1, E + 1);
     }
     const auto f = *rc::gen::element<std::string>("softmax", "sigmoid", "sqrtsoftplus");
-    c.set("T", c.regime == Regime::zero_tokens ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 24));
+    c.set("T", c.regime == Regime::zero_tokens ? int64_t{0} : *any_in(1, 24));
     c.set("E", E).set("topk", K).set("num_groups", G).set("group_topk", gk);
     c.set("score_function", f);
     c.set("use_pre_softmax", f == "softmax" && *rc::gen::arbitrary<bool>());

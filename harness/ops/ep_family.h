@@ -1,0 +1,49 @@
+// Pieces shared by the records of SPEC §9-11 (ragged_a2a_params, ragged_all_to_all,
+// local_permute_after_a2a, local_unpermute_before_a2a, grouped_gemm, swiglu_expert_ffn,
+// moe_block): per-rank stacking (EP ops store per-shard values along a leading axis of length P,
+// SPEC §14), generated counts per regime, and GEMM bounds.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness/core/params/block.h"
+#include "harness/ops/registry.h"
+
+namespace moe::ops {
+
+// [P, ...] from P tensors of one dtype and shape, and back.
+Tensor stack(const std::vector<Tensor>& v);
+std::vector<Tensor> unstack(const Tensor& t);
+
+// Sizes of `groups` buckets summing to `total`, distributed per the case's regime from
+// (c.seed, name): uniform, skewed (low ids take most), zero_tokens (about half the buckets stay
+// empty), all_to_one (one bucket takes everything).
+std::vector<int64_t> make_group_sizes(const Case& c, int64_t groups, int64_t total,
+                                      const std::string& name);
+
+// A = all_shards_tokens_per_expert [P,E] i32: row i holds rank i's dispatch group sizes for N
+// routed rows, aligned up to a multiple of align_size (non-empty experts only) when > 0.
+Tensor make_ep_counts(const Case& c, int64_t P, int64_t E, int64_t N, int64_t align_size,
+                      const std::string& name);
+
+// Row counts of §9.5 for a case with N real rows per rank: R_pre = N + E(a-1) and
+// R = P*N + E(a-1) (a > 0), else N and P*N.
+int64_t ep_pre_rows(int64_t E, int64_t N, int64_t a);
+int64_t ep_recv_rows(int64_t P, int64_t E, int64_t N, int64_t a);
+
+// |t| element-wise, in f64.
+Tensor abs_f64(const Tensor& t);
+
+// The SPEC §12 reduction bound per element: tol_bound(reduction, out, ref[i], n[i], abs_sum[i]).
+// n may be a scalar (n_scalar when n_per is null).
+Tensor reduction_bound(DType out, const Tensor& ref, const Tensor& abs_sum, int64_t n_scalar,
+                       const Tensor* n_per = nullptr);
+
+// The moe_block parameters of a Case (defined with the moe_block record).
+MoeBlockParams moe_block_params(const Case& c);
+
+// Integer values of an index tensor.
+std::vector<int64_t> int_values(const Tensor& t);
+
+}  // namespace moe::ops

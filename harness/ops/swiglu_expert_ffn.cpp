@@ -1,0 +1,348 @@
+// Registry record of swiglu_expert_ffn (SPEC §10.2). Inputs: x [M_total,H], group_sizes [G],
+// wi_0/wi_1 [G,H,M], wo [G,M,H], optional wi_0_bias/wi_1_bias [G,M] and wo_bias [G,H]. Outputs:
+// out [M_total,H] and the saved gate_proj, up_proj, intermediate [M_total,M]. Backward: grads of
+// x, the weights and the biases present.
+// Bounds: each GEMM stage by the SPEC §12 reduction rule (n = contraction length, abs_sum = the
+// stage's product on absolute values of its operands, the reference's stage values); the
+// intermediate act(gate)*up by the elementwise rule.
+#include <cmath>
+
+#include "harness/core/params/ffn.h"
+#include "harness/core/rng.h"
+#include "harness/ops/check.h"
+#include "harness/ops/ep_family.h"
+#ifdef MOE_WITH_CUDA
+#include "harness/ops/ffn_family_gpu.h"
+#endif
+#include "harness/ops/perm_family.h"
+#include "reference/grouped_gemm.h"
+#include "reference/swiglu_ffn.h"
+
+namespace moe::ops {
+
+namespace {
+
+rc::Gen<Case> gen() {
+  return rc::gen::exec([] {
+    Case c;
+    c.op = "swiglu_expert_ffn";
+    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
+    c.regime =
+        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
+    c.seed = *rc::gen::arbitrary<uint32_t>();
+    const int64_t M =
+        c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>() ? 0 : *any_in(1, 16);
+    c.set("G", *any_in(1, 5)).set("M_total", M);
+    c.set("H", *any_in(1, 7)).set("M", *any_in(1, 7));
+    c.set("tail", M == 0 ? int64_t{0} : *any_in(0, M + 1) / 2);
+    c.set("activation", *rc::gen::element<std::string>("silu", "silu", "linear"));
+    c.set("wi_0_bias", *rc::gen::arbitrary<bool>());
+    c.set("wi_1_bias", *rc::gen::arbitrary<bool>());
+    c.set("wo_bias", *rc::gen::arbitrary<bool>());
+    return c;
+  });
+}
+
+Case base(const std::string& name, DType d, int64_t G, int64_t Mt, int64_t H, int64_t M,
+          int64_t tail, bool biases) {
+  Case c;
+  c.op = "swiglu_expert_ffn";
+  c.dtype = d;
+  c.seed = 29;
+  c.set("name", name).set("G", G).set("M_total", Mt).set("H", H).set("M", M).set("tail", tail);
+  c.set("activation", "silu").set("wi_0_bias", biases).set("wi_1_bias", biases);
+  c.set("wo_bias", biases);
+  return c;
+}
+
+std::vector<Case> named() {
+  std::vector<Case> v;
+  v.push_back(base("empty_groups_bias", DType::bf16, 8, 40, 32, 48, 6, true));
+  v.back().regime = Regime::zero_tokens;
+  v.push_back(base("all_to_one", DType::f32, 4, 24, 16, 32, 0, false));
+  v.back().regime = Regime::all_to_one;
+  v.push_back(base("linear", DType::f32, 3, 17, 8, 8, 3, false).set("activation", "linear"));
+  v.push_back(base("zero_rows", DType::f16, 2, 0, 8, 8, 0, true));
+  v.push_back(base("r3_shape", DType::bf16, 4, 184, 32, 64, 56, false));
+  return v;
+}
+
+Tensor scaled_normal(const Case& c, const Shape& s, double sd, const std::string& name) {
+  Tensor t(c.dtype, s);
+  Rng rng(c.seed, name);
+  fill_normal(t, rng, sd);
+  return t;
+}
+
+TensorMap make_inputs(const Case& c) {
+  const int64_t G = c.i("G"), Mt = c.i("M_total"), H = c.i("H"), M = c.i("M");
+  TensorMap m;
+  m.emplace("input.x", normal_tensor(c, c.dtype, {Mt, H}, "input.x"));
+  const auto sizes = make_group_sizes(c, G, Mt - c.i("tail", 0), "input.group_sizes");
+  Tensor gs(DType::i32, {G});
+  for (int64_t g = 0; g < G; ++g) gs.set(g, static_cast<double>(sizes[g]));
+  m.emplace("input.group_sizes", std::move(gs));
+  // Fan-in scaling keeps every stage O(1).
+  const double si = 1.0 / std::sqrt(static_cast<double>(H)),
+               so = 1.0 / std::sqrt(static_cast<double>(M));
+  m.emplace("input.wi_0", scaled_normal(c, {G, H, M}, si, "input.wi_0"));
+  m.emplace("input.wi_1", scaled_normal(c, {G, H, M}, si, "input.wi_1"));
+  m.emplace("input.wo", scaled_normal(c, {G, M, H}, so, "input.wo"));
+  if (c.b("wi_0_bias", false))
+    m.emplace("input.wi_0_bias", scaled_normal(c, {G, M}, 0.5, "input.wi_0_bias"));
+  if (c.b("wi_1_bias", false))
+    m.emplace("input.wi_1_bias", scaled_normal(c, {G, M}, 0.5, "input.wi_1_bias"));
+  if (c.b("wo_bias", false))
+    m.emplace("input.wo_bias", scaled_normal(c, {G, H}, 0.5, "input.wo_bias"));
+  m.emplace("cotangent.out", normal_tensor(c, c.dtype, {Mt, H}, "cotangent.out"));
+  return m;
+}
+
+ref::FfnWeights weights_of(const TensorMap& in) {
+  return {in.at("input.wi_0"),
+          in.at("input.wi_1"),
+          in.at("input.wo"),
+          find_tensor(in, "input.wi_0_bias"),
+          find_tensor(in, "input.wi_1_bias"),
+          find_tensor(in, "input.wo_bias")};
+}
+
+TensorMap reference(const Case& c, const TensorMap& in, bool exact) {
+  const auto rnd = exact ? ref::Rounding::none : ref::Rounding::to_dtype;
+  const Activation act = parse_activation(c.s("activation", "silu"));
+  const Tensor& x = in.at("input.x");
+  const Tensor& gs = in.at("input.group_sizes");
+  const ref::FfnWeights w = weights_of(in);
+  ref::SwigluFfnFwd f = ref::swiglu_expert_ffn_fwd(x, gs, w, act, rnd);
+  ref::SwigluFfnBwd b = ref::swiglu_expert_ffn_bwd(in.at("cotangent.out"), x, gs, w, f.gate_proj,
+                                                   f.up_proj, f.intermediate, act, rnd);
+  TensorMap out;
+  out.emplace("output.out", std::move(f.out));
+  out.emplace("output.gate_proj", std::move(f.gate_proj));
+  out.emplace("output.up_proj", std::move(f.up_proj));
+  out.emplace("output.intermediate", std::move(f.intermediate));
+  out.emplace("grad.x", std::move(b.grad_x));
+  out.emplace("grad.wi_0", std::move(b.grad_wi_0));
+  out.emplace("grad.wi_1", std::move(b.grad_wi_1));
+  out.emplace("grad.wo", std::move(b.grad_wo));
+  if (b.grad_wi_0_bias) out.emplace("grad.wi_0_bias", std::move(*b.grad_wi_0_bias));
+  if (b.grad_wi_1_bias) out.emplace("grad.wi_1_bias", std::move(*b.grad_wi_1_bias));
+  if (b.grad_wo_bias) out.emplace("grad.wo_bias", std::move(*b.grad_wo_bias));
+  return out;
+}
+
+Tensor group_rows(const Tensor& gs, const Shape& shape) {
+  Tensor n(DType::f64, shape);
+  const int64_t per = shape[0] > 0 ? n.numel() / shape[0] : 1;
+  for (int64_t i = 0; i < n.numel(); ++i) n.set(i, gs.at(i / std::max<int64_t>(1, per)));
+  return n;
+}
+
+const Tensor* abs_opt(const TensorMap& in, const std::string& key, Tensor& store) {
+  const Tensor* t = find_tensor(in, key);
+  if (!t) return nullptr;
+  store = abs_f64(*t);
+  return &store;
+}
+
+Tensor bound(const Case& c, const std::string& key, const TensorMap& in, const TensorMap& want) {
+  const Tensor& ref = want.at(key);
+  const DType d = ref.dtype();
+  const Tensor& gs = in.at("input.group_sizes");
+  const int64_t H = in.at("input.x").dim(1), M = in.at("input.wi_0").dim(2);
+  const Tensor ax = abs_f64(in.at("input.x"));
+  const Tensor aw0 = abs_f64(in.at("input.wi_0")), aw1 = abs_f64(in.at("input.wi_1"));
+  const Tensor awo = abs_f64(in.at("input.wo"));
+  Tensor s0, s1, so;
+  const Tensor* ab0 = abs_opt(in, "input.wi_0_bias", s0);
+  const Tensor* ab1 = abs_opt(in, "input.wi_1_bias", s1);
+  const Tensor* abo = abs_opt(in, "input.wo_bias", so);
+  const auto none = ref::Rounding::none;
+  const Tensor n = group_rows(gs, ref.shape());
+  if (key == "output.gate_proj") {
+    return reduction_bound(d, ref, ref::grouped_gemm_fwd(ax, aw0, gs, ab0, none),
+                           H + (ab0 ? 1 : 0));
+  }
+  if (key == "output.up_proj") {
+    return reduction_bound(d, ref, ref::grouped_gemm_fwd(ax, aw1, gs, ab1, none),
+                           H + (ab1 ? 1 : 0));
+  }
+  if (key == "output.intermediate") return make_bound(TolClass::elementwise, d, ref, 1);
+  const Tensor ainter = abs_f64(want.at("output.intermediate"));
+  if (key == "output.out") {
+    return reduction_bound(d, ref, ref::grouped_gemm_fwd(ainter, awo, gs, abo, none),
+                           M + (abo ? 1 : 0));
+  }
+  const Tensor act = abs_f64(in.at("cotangent.out"));
+  if (key == "grad.wo" || key == "grad.wo_bias") {
+    const ref::GroupedGemmBwd s = ref::grouped_gemm_bwd(act, ainter, awo, gs, abo, none);
+    return reduction_bound(d, ref, key == "grad.wo" ? s.grad_w : *s.grad_bias, 0, &n);
+  }
+  // The input projections' backward reduces the reference's d_gate and d_up.
+  const Activation a = parse_activation(c.s("activation", "silu"));
+  const ref::SwigluFfnBwd b = ref::swiglu_expert_ffn_bwd(
+      in.at("cotangent.out"), in.at("input.x"), gs, weights_of(in), want.at("output.gate_proj"),
+      want.at("output.up_proj"), want.at("output.intermediate"), a);
+  const Tensor adg = abs_f64(b.d_gate), adu = abs_f64(b.d_up);
+  const ref::GroupedGemmBwd g0 = ref::grouped_gemm_bwd(adg, ax, aw0, gs, ab0, none);
+  const ref::GroupedGemmBwd g1 = ref::grouped_gemm_bwd(adu, ax, aw1, gs, ab1, none);
+  if (key == "grad.x") {
+    Tensor s(DType::f64, ref.shape());
+    for (int64_t i = 0; i < s.numel(); ++i) s.set(i, g0.grad_x.at(i) + g1.grad_x.at(i));
+    return reduction_bound(d, ref, s, 2 * M);
+  }
+  if (key == "grad.wi_0") return reduction_bound(d, ref, g0.grad_w, 0, &n);
+  if (key == "grad.wi_1") return reduction_bound(d, ref, g1.grad_w, 0, &n);
+  if (key == "grad.wi_0_bias") return reduction_bound(d, ref, *g0.grad_bias, 0, &n);
+  return reduction_bound(d, ref, *g1.grad_bias, 0, &n);
+}
+
+// Tail rows of every output and of grad x are exactly 0; empty groups give exactly 0 weight and
+// bias gradients; each group run alone (G = 1 with its own weights) gives the same rows bitwise,
+// so rows are bound to the right group.
+std::vector<std::string> invariants(const Case& c, const TensorMap& in, const TensorMap& out) {
+  FailureList bad;
+  const Activation act = parse_activation(c.s("activation", "silu"));
+  const Tensor& x = in.at("input.x");
+  const auto sizes = int_values(in.at("input.group_sizes"));
+  const int64_t H = x.dim(1), M = in.at("input.wi_0").dim(2);
+  int64_t row = 0;
+  for (size_t gi = 0; gi < sizes.size(); ++gi) {
+    const auto g = static_cast<int64_t>(gi);
+    const int64_t n = sizes[gi];
+    if (n == 0) {
+      for (const char* k : {"grad.wi_0", "grad.wi_1", "grad.wo", "grad.wi_0_bias", "grad.wi_1_bias",
+                            "grad.wo_bias"}) {
+        const Tensor* t = find_tensor(out, k);
+        if (!t) continue;
+        const int64_t per = t->numel() / t->dim(0);
+        for (int64_t i = 0; i < per; ++i) {
+          if (t->at(g * per + i) != 0.0) {
+            bad.add(std::string(k) + " of empty group " + std::to_string(g) + " is not 0");
+            break;
+          }
+        }
+      }
+      continue;
+    }
+    // Group g alone.
+    auto slice = [&](const std::string& key, int64_t rows_from, int64_t rows) -> Tensor {
+      const Tensor& t = in.at(key);
+      Shape s = t.shape();
+      s[0] = rows;
+      Tensor o(t.dtype(), s);
+      const int64_t per = t.row_stride();
+      for (int64_t i = 0; i < rows * per; ++i) o.set(i, t.at(rows_from * per + i));
+      return o;
+    };
+    const Tensor xg = slice("input.x", row, n);
+    const Tensor w0 = slice("input.wi_0", g, 1), w1 = slice("input.wi_1", g, 1);
+    const Tensor wo = slice("input.wo", g, 1);
+    Tensor b0, b1, bo;
+    if (in.count("input.wi_0_bias")) b0 = slice("input.wi_0_bias", g, 1);
+    if (in.count("input.wi_1_bias")) b1 = slice("input.wi_1_bias", g, 1);
+    if (in.count("input.wo_bias")) bo = slice("input.wo_bias", g, 1);
+    Tensor one(DType::i32, {1});
+    one.set(0, static_cast<double>(n));
+    const ref::SwigluFfnFwd f = ref::swiglu_expert_ffn_fwd(
+        xg, one,
+        {w0, w1, wo, in.count("input.wi_0_bias") ? &b0 : nullptr,
+         in.count("input.wi_1_bias") ? &b1 : nullptr, in.count("input.wo_bias") ? &bo : nullptr},
+        act);
+    const Tensor& y = out.at("output.out");
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t h = 0; h < H; ++h) {
+        if (f.out.at(r, h) != y.at(row + r, h)) {
+          bad.add("group " + std::to_string(g) + " row " + std::to_string(row + r) +
+                  ": differs from the group run alone");
+          h = H;
+        }
+      }
+    }
+    row += n;
+  }
+  for (int64_t r = row; r < x.dim(0); ++r) {
+    for (const char* k :
+         {"output.out", "output.gate_proj", "output.up_proj", "output.intermediate", "grad.x"}) {
+      const Tensor& t = out.at(k);
+      const int64_t w = std::string(k) == "output.out" || std::string(k) == "grad.x" ? H : M;
+      for (int64_t i = 0; i < w; ++i) {
+        if (t.at(r, i) != 0.0) {
+          bad.add(std::string(k) + " tail row " + std::to_string(r) + " is not 0");
+          break;
+        }
+      }
+    }
+  }
+  return bad.take();
+}
+
+nlohmann::json to_params(const Case& c) {
+  return {{"activation", c.s("activation", "silu")}};
+}
+
+Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
+  Case c;
+  c.op = "swiglu_expert_ffn";
+  c.dtype = d;
+  c.seed = seed;
+  const Tensor& x = in.at("input.x");
+  const Tensor& gs = in.at("input.group_sizes");
+  int64_t used = 0;
+  for (int64_t g = 0; g < gs.numel(); ++g) used += static_cast<int64_t>(gs.at(g));
+  c.set("G", gs.dim(0)).set("M_total", x.dim(0)).set("H", x.dim(1));
+  c.set("M", in.at("input.wi_0").dim(2)).set("tail", x.dim(0) - used);
+  c.set("activation", j.at("activation").get<std::string>());
+  c.set("wi_0_bias", in.count("input.wi_0_bias") != 0);
+  c.set("wi_1_bias", in.count("input.wi_1_bias") != 0);
+  c.set("wo_bias", in.count("input.wo_bias") != 0);
+  return c;
+}
+
+Cost cost(const Case& c) {
+  const double G = static_cast<double>(c.i("G")), Mt = static_cast<double>(c.i("M_total"));
+  const double H = static_cast<double>(c.i("H")), M = static_cast<double>(c.i("M"));
+  const double V = Mt - static_cast<double>(c.i("tail", 0));
+  const double e = static_cast<double>(dtype_size(c.dtype));
+  Cost k;
+  k.fwd_bytes = (2 * Mt * H + 3 * Mt * M + 3 * G * H * M) * e;
+  k.bwd_bytes = (2 * Mt * H + 3 * Mt * M + 6 * G * H * M) * e;
+  k.fwd_flops = 6 * V * H * M;
+  k.bwd_flops = 12 * V * H * M;
+  return k;
+}
+
+std::vector<Case> bench_cases() {
+  std::vector<Case> v;
+  v.push_back(base("g8_m8192_h2048_m1024", DType::bf16, 8, 8192, 2048, 1024, 0, false));
+  return v;
+}
+
+}  // namespace
+
+const OpInfo& swiglu_expert_ffn_op() {
+  static const OpInfo op = [] {
+    OpInfo o;
+    o.name = "swiglu_expert_ffn";
+    o.spec = "SPEC §10.2";
+    o.gen = gen;
+    o.named = named;
+    o.make_inputs = make_inputs;
+    o.reference = reference;
+    o.bound = bound;
+    o.invariants = invariants;
+    o.cost = cost;
+    o.to_params = to_params;
+    o.from_params = from_params;
+    o.bench_cases = bench_cases;
+#ifdef MOE_WITH_CUDA
+    o.gpu = swiglu_expert_ffn_gpu;
+    o.gpu_bench = swiglu_expert_ffn_gpu_bench;
+    o.bench_cases = swiglu_expert_ffn_gpu_bench_cases;
+#endif
+    return o;
+  }();
+  return op;
+}
+
+}  // namespace moe::ops
