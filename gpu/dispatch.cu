@@ -1,0 +1,771 @@
+// CUDA twin of reference/dispatch.cpp: token_dispatch (SPEC §4) and token_combine (SPEC §5).
+// Kernel plan and fault handling: see gpu/dispatch.cuh.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "gpu/dispatch.cuh"
+#include "gpu/perm_detail.cuh"
+
+namespace moe::gpu {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 256;
+constexpr int kSlotCap = 256;  // slots staged in shared memory; later ones are decoded in place
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------------------
+// Routing ranks (shared with argsort dispatch through perm_detail.cuh)
+
+// Thread (lane, y) of a 32x8 block owns expert e = 32*blockIdx.x + lane and 32-token word w:
+// one coalesced read per token row, one bitmap word out.
+__global__ void routing_map_bits_kernel(const void* map, int kind, long long T, long long E,
+                                        uint32_t* bits, void* err) {
+  const long long e = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
+  const long long words = (T + 31) / 32;
+  if (e >= E) return;
+  for (long long w = static_cast<long long>(blockIdx.y) * 8 + threadIdx.y; w < words;
+       w += static_cast<long long>(gridDim.y) * 8) {
+    uint32_t b = 0;
+    // Eight loads in flight per thread before any of them is looked at.
+    for (int base = 0; base < 32; base += 8) {
+      long long v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const long long t = w * 32 + base + j;
+        v[j] = t < T ? load_int(map, kind, t * E + e) : 0;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (v[j] == 1) {
+          b |= 1u << (base + j);
+        } else if (v[j] != 0) {
+          fault(err, PermFault::routing_map_value, (w * 32 + base + j) * E + e, v[j]);
+        }
+      }
+    }
+    bits[w * E + e] = b;
+  }
+}
+
+// One CTA per 32 experts: warp w sums the popcounts of its slice of words, the slices are
+// scanned in shared memory, then each warp writes the running offsets of its slice.
+__global__ void __launch_bounds__(1024)
+    column_ranks_kernel(const uint32_t* __restrict__ bits, long long words, long long E,
+                        int32_t* __restrict__ woff, long long* __restrict__ count) {
+  __shared__ long long part[32][33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long e = static_cast<long long>(blockIdx.x) * 32 + lane;
+  const long long per = (words + 31) / 32;
+  const long long w0 = warp * per, w1 = min(words, w0 + per);
+  long long sum = 0;
+  if (e < E) {
+#pragma unroll 8
+    for (long long w = w0; w < w1; ++w) sum += __popc(bits[w * E + e]);
+  }
+  part[warp][lane] = sum;
+  __syncthreads();
+  long long run = 0;
+  for (int i = 0; i < warp; ++i) run += part[i][lane];
+  if (e >= E) return;
+#pragma unroll 8
+  for (long long w = w0; w < w1; ++w) {
+    woff[w * E + e] = static_cast<int32_t>(run);
+    run += __popc(bits[w * E + e]);
+  }
+  if (warp == 31) count[e] = run;
+}
+
+// ---------------------------------------------------------------------------------------------
+// token_dispatch forward
+
+// Per-expert layout, one CTA of 1024 threads over E in tiles (scans carried across tiles):
+//   ustart_e = sum_{e'<e} c_e'            kept_e = c_e, or clamp(N_out - ustart_e, 0, c_e) (drop)
+//   al_e = aligned(kept_e)                aoff_e = sum_{e'<e} al_e'   padoff_e = sum (al - kept)
+// aoff and padoff have E+1 entries (the totals last); routed = sum c_e is checked against N_out.
+__global__ void __launch_bounds__(1024)
+    dispatch_layout_kernel(const long long* count, long long E, long long n_out, long long a,
+                           bool drop, long long* ustart, long long* kept, long long* aoff,
+                           long long* padoff, int32_t* tokens_per_expert, int32_t* pad_offsets,
+                           void* err) {
+  using Scan = cub::BlockScan<long long, 1024>;
+  __shared__ typename Scan::TempStorage tmp;
+  __shared__ long long carry[3];
+  if (threadIdx.x == 0) carry[0] = carry[1] = carry[2] = 0;
+  __syncthreads();
+  for (long long base = 0; base < E; base += 1024) {
+    const long long e = base + threadIdx.x;
+    const long long c = e < E ? count[e] : 0;
+    long long us, tot_c, ao, tot_a, po, tot_p;
+    Scan(tmp).ExclusiveSum(c, us, tot_c);
+    __syncthreads();
+    us += carry[0];
+    const long long k = drop ? max(0LL, min(c, n_out - us)) : c;
+    const long long al = a > 0 ? (k + a - 1) / a * a : k;
+    Scan(tmp).ExclusiveSum(al, ao, tot_a);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(al - k, po, tot_p);
+    __syncthreads();
+    ao += carry[1];
+    po += carry[2];
+    if (e < E) {
+      ustart[e] = us;
+      kept[e] = k;
+      aoff[e] = ao;
+      padoff[e] = po;
+      tokens_per_expert[e] = static_cast<int32_t>(al);
+      if (pad_offsets) pad_offsets[e] = static_cast<int32_t>(po);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      carry[0] += tot_c;
+      carry[1] += tot_a;
+      carry[2] += tot_p;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    aoff[E] = carry[1];
+    padoff[E] = carry[2];
+    if (!drop && carry[0] > n_out) fault(err, PermFault::capacity, carry[0], n_out);
+  }
+}
+
+// One warp per token: experts in descending order, 32 at a time from the top; a ballot
+// compacts the routed lanes so higher experts take lower slots. Unused entries get -1.
+__global__ void row_id_map_kernel(const uint32_t* __restrict__ bits,
+                                  const int32_t* __restrict__ woff,
+                                  const long long* __restrict__ ustart, long long T, long long E,
+                                  long long n_out, bool drop, int32_t* __restrict__ rid) {
+  const int lane = threadIdx.x & 31;
+  const long long W = 2 * E + 1;
+  for (long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < T;
+       t += (static_cast<long long>(gridDim.x) * blockDim.x) >> 5) {
+    int32_t* row = rid + t * W;
+    long long n = 0;
+#pragma unroll 4
+    for (long long base = (E - 1) / 32 * 32; base >= 0; base -= 32) {
+      const long long e = base + lane;
+      bool routed = false;
+      long long u = 0;
+      if (e < E) {
+        u = ustart[e] + column_rank(bits, woff, E, t, e, &routed);
+        if (drop && u >= n_out) routed = false;  // drop_overflow: a dropped slot leaves no trace
+      }
+      const unsigned m = __ballot_sync(kFull, routed);
+      if (routed) {
+        const long long pos = n + __popc(lane == 31 ? 0u : m >> (lane + 1));
+        row[pos] = static_cast<int32_t>(u);
+        row[E + pos] = static_cast<int32_t>(e);
+      }
+      n += __popc(m);
+    }
+    for (long long k = n + lane; k < E; k += 32) {
+      row[k] = -1;
+      row[E + k] = -1;
+    }
+    if (lane == 0) row[2 * E] = static_cast<int32_t>(n);
+  }
+}
+
+// A decoded slot k of token t: its physical row (-1 when the entry is invalid), expert, weight.
+struct Slot {
+  long long row;
+  float w;
+  int e;
+};
+
+// Slot count n_t, checked to lie in [0, E] (reference: read_slots).
+__device__ __forceinline__ long long slot_count(const int32_t* rid, long long E, long long t,
+                                                void* err) {
+  const long long W = 2 * E + 1;
+  const long long n = rid[t * W + 2 * E];
+  if (n < 0 || n > E) {
+    fault(err, PermFault::row_id_map_entry, t * W + 2 * E, n);
+    return 0;
+  }
+  return n;
+}
+
+// Decodes and checks slot k as the reference does (expert, then u, then the physical row).
+// wts: [T,E] weights of run-time dtype wcode, or null for weight 1.
+__device__ __forceinline__ Slot decode_slot(const int32_t* rid, long long E, long long t,
+                                            long long k, const int32_t* pad, long long rows,
+                                            const void* wts, int wcode, void* err) {
+  Slot s{-1, 1.0f, -1};
+  const long long base = t * (2 * E + 1);
+  const long long u = rid[base + k], e = rid[base + E + k];
+  if (e < 0 || e >= E) {
+    fault(err, PermFault::row_id_map_entry, base + E + k, e);
+    return s;
+  }
+  if (u < 0) {
+    fault(err, PermFault::row_id_map_entry, base + k, u);
+    return s;
+  }
+  const long long row = u + (pad ? pad[e] : 0);
+  if (row < 0 || row >= rows) {
+    fault(err, PermFault::source_row, row, rows);
+    return s;
+  }
+  s.row = row;
+  s.e = static_cast<int>(e);
+  if (wts) s.w = load_f(wts, wcode, t * E + e);
+  return s;
+}
+
+// One warp per slot: warp k of token t's CTA copies x[t] to row dst(t,e_k) (a zero row for an
+// R12 zero-prob slot); the CTA's warps read the same x row, so it comes from HBM once. No shared
+// memory and no barrier: every warp moves its row independently.
+template <int VB>
+__global__ void __launch_bounds__(kThreads)
+    dispatch_permute_kernel(const uint8_t* x, const int32_t* rid, const int32_t* pad,
+                            const void* probs, void* pprobs, int pcode, uint8_t* out, long long T,
+                            long long E, long long rows, long long row_bytes) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const long long nvec = row_bytes / VB;
+  for (long long t = blockIdx.x; t < T; t += gridDim.x) {
+    const long long n = slot_count(rid, E, t, nullptr);
+    for (long long k = warp; k < n; k += nwarps) {
+      const Slot s = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, nullptr);
+      if (s.row < 0) continue;  // only after a capacity fault, already raised
+      bool zero = false;
+      if (probs) {
+        if (lane == 0) copy_elem(pprobs, s.row, probs, t * E + s.e, pcode);
+        zero = load_f(probs, pcode, t * E + s.e) == 0.0f;  // R12: +0 and -0 both
+      }
+      move_row<VB>(out + s.row * row_bytes, zero ? nullptr : x + t * row_bytes, nvec, lane, 32);
+    }
+  }
+}
+
+// Zeroes exactly the rows no routed slot writes: padding rows of every expert, then the tail
+// past sum(aligned counts). Virtual index v < padoff[E] is a padding row (expert found by binary
+// search over padoff), the rest is the tail. One warp per row.
+template <int VB>
+__global__ void dispatch_zero_kernel(uint8_t* out, void* pprobs, int pcode, const long long* kept,
+                                     const long long* aoff, const long long* padoff, long long E,
+                                     long long rows, long long row_bytes) {
+  const int lane = threadIdx.x & 31;
+  const long long pads = padoff[E], aligned = aoff[E];
+  const long long total = pads + max(0LL, rows - aligned);
+  for (long long v = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+       v < total; v += (static_cast<long long>(gridDim.x) * blockDim.x) >> 5) {
+    long long row;
+    if (v < pads) {
+      long long lo = 0, hi = E;  // first j in [0,E] with padoff[j] > v, minus one
+      while (lo < hi) {
+        const long long mid = (lo + hi) / 2;
+        if (padoff[mid] > v) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      const long long e = lo - 1;
+      row = aoff[e] + kept[e] + (v - padoff[e]);
+    } else {
+      row = aligned + (v - pads);
+    }
+    if (row >= rows) continue;
+    move_row<VB>(out + row * row_bytes, nullptr, row_bytes / VB, lane, 32);
+    if (pprobs && lane == 0) zero_elem(pprobs, row, pcode);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed row kernels (fp32 arithmetic): dispatch backward, combine forward and backward.
+
+// One CTA per token: out[t] = rnd(sum_{k<n_t} f32(src[row_k]) * w_k) in slot order, w_k from
+// wts [T,E] or 1. Used by dispatch backward (grad_x) and combine forward.
+template <class T, int N>
+__global__ void __launch_bounds__(kThreads)
+    gather_sum_kernel(const T* src, long long src_rows, const int32_t* rid, const int32_t* pad,
+                      const void* wts, int wcode, T* out, long long Tn, long long E, long long H,
+                      void* err) {
+  __shared__ Slot s_slot[kSlotCap];
+  using VT = Vec<T, N>;
+  constexpr int U = 4;
+  const long long nvec = H / N;
+  for (long long t = blockIdx.x; t < Tn; t += gridDim.x) {
+    const long long n = slot_count(rid, E, t, err);
+    for (long long k = threadIdx.x; k < n; k += blockDim.x) {  // every slot is checked once
+      const Slot s = decode_slot(rid, E, t, k, pad, src_rows, wts, wcode, err);
+      if (k < kSlotCap) s_slot[k] = s;
+    }
+    __syncthreads();
+    VT* dst = reinterpret_cast<VT*>(out + t * H);
+    for (long long b = threadIdx.x; b < nvec; b += static_cast<long long>(blockDim.x) * U) {
+      float acc[U][N];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[u][j] = 0.0f;
+      for (long long k = 0; k < n; ++k) {
+        const Slot s = k < kSlotCap ? s_slot[k]
+                                    : decode_slot(rid, E, t, k, pad, src_rows, wts, wcode, nullptr);
+        if (s.row < 0) continue;
+        const VT* row = reinterpret_cast<const VT*>(src + s.row * H);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const long long i = b + static_cast<long long>(u) * blockDim.x;
+          if (i < nvec) {
+            const VT v = row[i];
+#pragma unroll
+            for (int j = 0; j < N; ++j) acc[u][j] += to_f32(v.v[j]) * s.w;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const long long i = b + static_cast<long long>(u) * blockDim.x;
+        if (i < nvec) {
+          VT v;
+#pragma unroll
+          for (int j = 0; j < N; ++j) v.v[j] = from_f32<T>(acc[u][j]);
+          dst[i] = v;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// grad_probs[t,:] = 0, then grad_probs[t,e_k] = ct_pprobs[row_k] (bitwise, same dtype) in slot
+// order by one lane, so a repeated expert ends as the reference's last write. One warp per token.
+__global__ void dispatch_bwd_probs_kernel(const void* gpp, int code, const int32_t* rid,
+                                          const int32_t* pad, long long rows, void* gprobs,
+                                          long long Tn, long long E) {
+  const int lane = threadIdx.x & 31;
+  for (long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < Tn;
+       t += (static_cast<long long>(gridDim.x) * blockDim.x) >> 5) {
+    for (long long e = lane; e < E; e += 32) zero_elem(gprobs, t * E + e, code);
+    __syncwarp();
+    if (lane != 0) continue;
+    const long long n = slot_count(rid, E, t, nullptr);
+    for (long long k = 0; k < n; ++k) {
+      const Slot s = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, nullptr);
+      if (s.row >= 0) copy_elem(gprobs, t * E + s.e, gpp, s.row, code);
+    }
+  }
+}
+
+// Combine backward, step 1: owner[row] = max over slots (t,k) mapping to row of t*E + k, the slot
+// whose write the reference's sequential loop leaves in place. Integer atomics only: the result
+// is independent of the order. One warp per token; it also zeroes the token's grad_mp row.
+__global__ void combine_owner_kernel(const int32_t* rid, const int32_t* pad, long long rows,
+                                     long long Tn, long long E, long long* owner, void* gmp,
+                                     int gcode, void* err) {
+  const int lane = threadIdx.x & 31;
+  for (long long t = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; t < Tn;
+       t += (static_cast<long long>(gridDim.x) * blockDim.x) >> 5) {
+    if (gmp) {  // grad_merging_probs is 0 off the routed entries
+      for (long long e = lane; e < E; e += 32) zero_elem(gmp, t * E + e, gcode);
+    }
+    const long long n = slot_count(rid, E, t, lane == 0 ? err : nullptr);
+    for (long long k = lane; k < n; k += 32) {
+      const Slot s = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, err);
+      if (s.row >= 0) atomicMax(owner + s.row, t * E + k);
+    }
+  }
+}
+
+// Combine backward without merging probs, one warp per slot: the owner's warp copies ct[t]
+// (read from HBM once per CTA, the other warps hit the cache) to its row.
+template <int VB>
+__global__ void __launch_bounds__(kThreads)
+    combine_bwd_copy_kernel(const uint8_t* ct, const int32_t* rid, const int32_t* pad,
+                            const long long* owner, uint8_t* out, long long Tn, long long E,
+                            long long rows, long long row_bytes) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const long long nvec = row_bytes / VB;
+  for (long long t = blockIdx.x; t < Tn; t += gridDim.x) {
+    const long long n = slot_count(rid, E, t, nullptr);
+    for (long long k = warp; k < n; k += nwarps) {
+      const Slot s = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, nullptr);
+      if (s.row < 0 || owner[s.row] != t * E + k) continue;
+      move_row<VB>(out + s.row * row_bytes, ct + t * row_bytes, nvec, lane, 32);
+    }
+  }
+}
+
+// Combine backward with merging probs, one warp per slot k of token t:
+//   grad_permuted[row_k] = rnd(f32(ct[t]) * w_k)          (only where slot k owns row_k)
+//   grad_mp[t,e_k]      = rnd_p(sum_h f32(permuted[row_k,h]) * f32(ct[t,h]))
+// The dot is a per-lane fp32 partial and a fixed butterfly of shuffles: deterministic. A repeated
+// expert in the row is written by its last slot only (the reference's last write); the row of
+// grad_mp was zeroed by combine_owner_kernel.
+template <class T, int N>
+__global__ void __launch_bounds__(kThreads)
+    combine_bwd_probs_kernel(const T* ct, const T* permuted, const int32_t* rid, const int32_t* pad,
+                             const void* mp, int wcode, const long long* owner, T* out, void* gmp,
+                             long long Tn, long long E, long long rows, long long H) {
+  using VT = Vec<T, N>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const long long nvec = H / N, W = 2 * E + 1;
+  for (long long t = blockIdx.x; t < Tn; t += gridDim.x) {
+    const long long n = slot_count(rid, E, t, nullptr);
+    for (long long k = warp; k < n; k += nwarps) {
+      const Slot s = decode_slot(rid, E, t, k, pad, rows, mp, wcode, nullptr);
+      bool last = true;
+      for (long long k2 = k + 1 + lane; k2 < n; k2 += 32) last &= rid[t * W + E + k2] != s.e;
+      last = __all_sync(kFull, last);
+      if (s.row < 0) continue;
+      const bool own = owner[s.row] == t * E + k;
+      const VT* c = reinterpret_cast<const VT*>(ct + t * H);
+      const VT* x = reinterpret_cast<const VT*>(permuted + s.row * H);
+      VT* dst = reinterpret_cast<VT*>(out + s.row * H);
+      float part = 0.0f;
+#pragma unroll 4
+      for (long long i = lane; i < nvec; i += 32) {
+        const VT cv = c[i];
+        const VT xv = x[i];
+        VT g;
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float cf = to_f32(cv.v[j]);
+          g.v[j] = from_f32<T>(cf * s.w);
+          part += to_f32(xv.v[j]) * cf;
+        }
+        if (own) dst[i] = g;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
+      if (lane == 0 && last) store_f(gmp, wcode, t * E + s.e, part);
+    }
+  }
+}
+
+// Rows of grad_permuted that no slot owns are zero (R4). One warp per row.
+template <int VB>
+__global__ void zero_unowned_kernel(uint8_t* out, const long long* owner, long long rows,
+                                    long long row_bytes) {
+  const int lane = threadIdx.x & 31;
+  for (long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; r < rows;
+       r += (static_cast<long long>(gridDim.x) * blockDim.x) >> 5) {
+    if (owner[r] >= 0) continue;
+    move_row<VB>(out + r * row_bytes, nullptr, row_bytes / VB, lane, 32);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host helpers
+
+const int32_t* opt_i32(const std::optional<DeviceTensor>& t) {
+  return t ? t->data<int32_t>() : nullptr;
+}
+const int32_t* opt_i32(const DeviceTensor* t) {
+  return t ? t->data<int32_t>() : nullptr;
+}
+
+unsigned token_grid(int64_t T) {
+  return grid_for(T, 1, 16);
+}
+unsigned warp_grid(int64_t items) {
+  return grid_for(items, kThreads / 32, 32);
+}
+
+void check_same_dtype(const DeviceTensor& a, const DeviceTensor& b, const char* a_name,
+                      const char* b_name) {
+  if (a.dtype() != b.dtype()) {
+    throw std::invalid_argument(
+        std::string(a_name) + ": dtype " + std::string(dtype_name(a.dtype())) + " must equal " +
+        b_name + "'s dtype " + std::string(dtype_name(b.dtype())) + " on the CUDA path");
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void routing_map_bits(const void* map, IntKind kind, int64_t T, int64_t E, uint32_t* bits,
+                      void* err, Stream s) {
+  const int64_t words = ceil_div(T, 32);
+  if (words == 0 || E == 0) return;
+  const dim3 block(32, 8);
+  const dim3 grid(static_cast<unsigned>(ceil_div(E, 32)),
+                  static_cast<unsigned>(std::min<int64_t>(ceil_div(words, 8), 65535)));
+  routing_map_bits_kernel<<<grid, block, 0, s>>>(map, static_cast<int>(kind), T, E, bits, err);
+  check_launch("routing_map_bits_kernel");
+}
+
+void column_ranks(const uint32_t* bits, int64_t words, int64_t E, int32_t* woff, int64_t* count,
+                  Stream s) {
+  if (E == 0) return;
+  column_ranks_kernel<<<static_cast<unsigned>(ceil_div(E, 32)), 1024, 0, s>>>(
+      bits, words, E, woff, reinterpret_cast<long long*>(count));
+  check_launch("column_ranks_kernel");
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// token_dispatch
+
+void token_dispatch_fwd_into(const DeviceTensor& x, const DeviceTensor& routing_map,
+                             const DeviceTensor* probs, const TokenDispatchParams& p,
+                             TokenDispatchFwd& out, void* err, Stream s) {
+  const TensorMeta pm = probs ? probs->meta() : TensorMeta{};
+  const DispatchDims d =
+      validate_token_dispatch(x.meta(), routing_map.meta(), probs ? &pm : nullptr, p);
+  const int64_t T = d.T, E = d.E, R = d.R_out;
+  const int64_t row_bytes = d.H * static_cast<int64_t>(dtype_size(x.dtype()));
+  const int pcode = probs ? fcode(probs->dtype()) : 0;
+  void* pprobs = out.permuted_probs ? out.permuted_probs->data() : nullptr;
+
+  const int64_t words = ceil_div(T, 32);
+  Scratch<uint32_t> bits(words * E, s);
+  Scratch<int32_t> woff(words * E, s);
+  Scratch<long long> count(E, s), ustart(E, s), kept(E, s), aoff(E + 1, s), padoff(E + 1, s);
+  if (T == 0) count.fill_bytes(0);  // every expert empty: the layout is all zeros
+  detail::routing_map_bits(routing_map.data(), int_kind(routing_map.dtype()), T, E, bits.get(), err,
+                           s);
+  if (T > 0) {
+    detail::column_ranks(bits.get(), words, E, woff.get(), reinterpret_cast<int64_t*>(count.get()),
+                         s);
+  }
+  dispatch_layout_kernel<<<1, 1024, 0, s>>>(
+      count.get(), E, p.num_out_tokens, p.align_size, p.drop_overflow, ustart.get(), kept.get(),
+      aoff.get(), padoff.get(), out.tokens_per_expert.data<int32_t>(),
+      out.pad_offsets ? out.pad_offsets->data<int32_t>() : nullptr, err);
+  check_launch("dispatch_layout_kernel");
+  if (T > 0) {
+    row_id_map_kernel<<<warp_grid(T), kThreads, 0, s>>>(bits.get(), woff.get(), ustart.get(), T, E,
+                                                        p.num_out_tokens, p.drop_overflow,
+                                                        out.row_id_map.data<int32_t>());
+    check_launch("row_id_map_kernel");
+  }
+  const int vb = vec_bytes(row_bytes, {x.data(), out.permuted.data()});
+  dispatch_vec(vb, [&](auto v) {
+    constexpr int VB = decltype(v)::value;
+    if (T > 0) {
+      const auto* xb = static_cast<const uint8_t*>(x.data());
+      const int32_t* rid = out.row_id_map.data<int32_t>();
+      const void* pr = probs ? probs->data() : nullptr;
+      auto* ob = static_cast<uint8_t*>(out.permuted.data());
+      dispatch_permute_kernel<VB><<<token_grid(T), kThreads, 0, s>>>(
+          xb, rid, opt_i32(out.pad_offsets), pr, pprobs, pcode, ob, T, E, R, row_bytes);
+      check_launch("dispatch_permute_kernel");
+    }
+    if (R > 0) {
+      dispatch_zero_kernel<VB><<<warp_grid(R), kThreads, 0, s>>>(
+          static_cast<uint8_t*>(out.permuted.data()), pprobs, pcode, kept.get(), aoff.get(),
+          padoff.get(), E, R, row_bytes);
+      check_launch("dispatch_zero_kernel");
+    }
+  });
+}
+
+TokenDispatchFwd token_dispatch_fwd(const DeviceTensor& x, const DeviceTensor& routing_map,
+                                    const DeviceTensor* probs, const TokenDispatchParams& p,
+                                    Stream s, const RunOptions& o) {
+  const TensorMeta pm = probs ? probs->meta() : TensorMeta{};
+  const DispatchDims d =
+      validate_token_dispatch(x.meta(), routing_map.meta(), probs ? &pm : nullptr, p);
+  TokenDispatchFwd out;
+  out.permuted = DeviceTensor(x.dtype(), {d.R_out, d.H});
+  if (probs) out.permuted_probs = DeviceTensor(probs->dtype(), {d.R_out});
+  out.row_id_map = DeviceTensor(DType::i32, {d.T, 2 * d.E + 1});
+  if (p.align_size >= 1) out.pad_offsets = DeviceTensor(DType::i32, {d.E});
+  out.tokens_per_expert = DeviceTensor(DType::i32, {d.E});
+  if (o.poison) {
+    poison(out.permuted, s);
+    poison(out.permuted_probs, s);
+    poison(out.row_id_map, s);
+    poison(out.pad_offsets, s);
+    poison(out.tokens_per_expert, s);
+  }
+  with_validation(o.validate, s, [&](void* err) {
+    token_dispatch_fwd_into(x, routing_map, probs, p, out, err, s);
+  });
+  return out;
+}
+
+void token_dispatch_bwd_into(const DeviceTensor& grad_permuted,
+                             const DeviceTensor* grad_permuted_probs,
+                             const DeviceTensor& row_id_map, const DeviceTensor* pad_offsets,
+                             TokenDispatchBwd& out, void* err, Stream s) {
+  const TensorMeta gm = grad_permuted_probs ? grad_permuted_probs->meta() : TensorMeta{};
+  const TensorMeta padm = pad_offsets ? pad_offsets->meta() : TensorMeta{};
+  const DispatchDims d =
+      validate_token_dispatch_bwd(grad_permuted.meta(), grad_permuted_probs ? &gm : nullptr,
+                                  row_id_map.meta(), pad_offsets ? &padm : nullptr);
+  if (d.T == 0) return;  // SPEC §0: 0-row gradients, nothing launched
+  const int32_t* rid = row_id_map.data<int32_t>();
+  const int32_t* pad = opt_i32(pad_offsets);
+  if (d.H > 0) {
+    dispatch_typed(grad_permuted.dtype(), d.H, {grad_permuted.data(), out.grad_x.data()},
+                   [&](auto tag, auto n) {
+                     using T = decltype(tag);
+                     gather_sum_kernel<T, decltype(n)::value><<<token_grid(d.T), kThreads, 0, s>>>(
+                         grad_permuted.data<T>(), d.R_out, rid, pad, nullptr, 0,
+                         out.grad_x.data<T>(), d.T, d.E, d.H, err);
+                     check_launch("gather_sum_kernel");
+                   });
+  } else {
+    // No columns: nothing to sum, but the map is still checked like the reference does.
+    Scratch<long long> owner(d.R_out, s);
+    owner.fill_bytes(0xFF);
+    combine_owner_kernel<<<warp_grid(d.T), kThreads, 0, s>>>(rid, pad, d.R_out, d.T, d.E,
+                                                             owner.get(), nullptr, 0, err);
+    check_launch("combine_owner_kernel");
+  }
+  if (grad_permuted_probs) {
+    dispatch_bwd_probs_kernel<<<warp_grid(d.T), kThreads, 0, s>>>(
+        grad_permuted_probs->data(), fcode(grad_permuted_probs->dtype()), rid, pad, d.R_out,
+        out.grad_probs->data(), d.T, d.E);
+    check_launch("dispatch_bwd_probs_kernel");
+  }
+}
+
+TokenDispatchBwd token_dispatch_bwd(const DeviceTensor& grad_permuted,
+                                    const DeviceTensor* grad_permuted_probs,
+                                    const DeviceTensor& row_id_map, const DeviceTensor* pad_offsets,
+                                    Stream s, const RunOptions& o) {
+  const TensorMeta gm = grad_permuted_probs ? grad_permuted_probs->meta() : TensorMeta{};
+  const TensorMeta padm = pad_offsets ? pad_offsets->meta() : TensorMeta{};
+  const DispatchDims d =
+      validate_token_dispatch_bwd(grad_permuted.meta(), grad_permuted_probs ? &gm : nullptr,
+                                  row_id_map.meta(), pad_offsets ? &padm : nullptr);
+  TokenDispatchBwd out;
+  out.grad_x = DeviceTensor(grad_permuted.dtype(), {d.T, d.H});
+  if (grad_permuted_probs) out.grad_probs = DeviceTensor(grad_permuted_probs->dtype(), {d.T, d.E});
+  if (o.poison) {
+    poison(out.grad_x, s);
+    poison(out.grad_probs, s);
+  }
+  with_validation(o.validate, s, [&](void* err) {
+    token_dispatch_bwd_into(grad_permuted, grad_permuted_probs, row_id_map, pad_offsets, out, err,
+                            s);
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// token_combine
+
+void token_combine_fwd_into(const DeviceTensor& permuted, const DeviceTensor& row_id_map,
+                            const DeviceTensor* merging_probs, const DeviceTensor* pad_offsets,
+                            DeviceTensor& combined, void* err, Stream s) {
+  const TensorMeta mpm = merging_probs ? merging_probs->meta() : TensorMeta{};
+  const TensorMeta padm = pad_offsets ? pad_offsets->meta() : TensorMeta{};
+  const CombineDims d =
+      validate_token_combine(permuted.meta(), row_id_map.meta(), merging_probs ? &mpm : nullptr,
+                             pad_offsets ? &padm : nullptr);
+  if (d.T == 0) return;
+  const int32_t* rid = row_id_map.data<int32_t>();
+  const int32_t* pad = opt_i32(pad_offsets);
+  if (d.H == 0) {
+    Scratch<long long> owner(d.R_in, s);
+    owner.fill_bytes(0xFF);
+    combine_owner_kernel<<<warp_grid(d.T), kThreads, 0, s>>>(rid, pad, d.R_in, d.T, d.E,
+                                                             owner.get(), nullptr, 0, err);
+    check_launch("combine_owner_kernel");
+    return;
+  }
+  const int wcode = merging_probs ? fcode(merging_probs->dtype()) : 0;
+  dispatch_typed(permuted.dtype(), d.H, {permuted.data(), combined.data()}, [&](auto tag, auto n) {
+    using T = decltype(tag);
+    gather_sum_kernel<T, decltype(n)::value><<<token_grid(d.T), kThreads, 0, s>>>(
+        permuted.data<T>(), d.R_in, rid, pad, merging_probs ? merging_probs->data() : nullptr,
+        wcode, combined.data<T>(), d.T, d.E, d.H, err);
+    check_launch("gather_sum_kernel");
+  });
+}
+
+DeviceTensor token_combine_fwd(const DeviceTensor& permuted, const DeviceTensor& row_id_map,
+                               const DeviceTensor* merging_probs, const DeviceTensor* pad_offsets,
+                               Stream s, const RunOptions& o) {
+  const TensorMeta mpm = merging_probs ? merging_probs->meta() : TensorMeta{};
+  const TensorMeta padm = pad_offsets ? pad_offsets->meta() : TensorMeta{};
+  const CombineDims d =
+      validate_token_combine(permuted.meta(), row_id_map.meta(), merging_probs ? &mpm : nullptr,
+                             pad_offsets ? &padm : nullptr);
+  DeviceTensor combined(permuted.dtype(), {d.T, d.H});
+  if (o.poison) poison(combined, s);
+  with_validation(o.validate, s, [&](void* err) {
+    token_combine_fwd_into(permuted, row_id_map, merging_probs, pad_offsets, combined, err, s);
+  });
+  return combined;
+}
+
+void token_combine_bwd_into(const DeviceTensor& grad_combined, const DeviceTensor& permuted,
+                            const DeviceTensor& row_id_map, const DeviceTensor* merging_probs,
+                            const DeviceTensor* pad_offsets, TokenCombineBwd& out, void* err,
+                            Stream s) {
+  const TensorMeta mpm = merging_probs ? merging_probs->meta() : TensorMeta{};
+  const TensorMeta padm = pad_offsets ? pad_offsets->meta() : TensorMeta{};
+  const CombineDims d =
+      validate_token_combine_bwd(grad_combined.meta(), permuted.meta(), row_id_map.meta(),
+                                 merging_probs ? &mpm : nullptr, pad_offsets ? &padm : nullptr);
+  if (merging_probs) check_same_dtype(grad_combined, permuted, "grad_combined", "permuted");
+  if (d.R_in == 0 && d.T == 0) return;
+  const int32_t* rid = row_id_map.data<int32_t>();
+  const int32_t* pad = opt_i32(pad_offsets);
+  const int64_t row_bytes = d.H * static_cast<int64_t>(dtype_size(grad_combined.dtype()));
+  uint8_t* gp = static_cast<uint8_t*>(out.grad_permuted.data());
+
+  Scratch<long long> owner(d.R_in, s);
+  owner.fill_bytes(0xFF);  // -1: no owner
+  if (d.T > 0) {
+    combine_owner_kernel<<<warp_grid(d.T), kThreads, 0, s>>>(
+        rid, pad, d.R_in, d.T, d.E, owner.get(),
+        merging_probs ? out.grad_merging_probs->data() : nullptr,
+        merging_probs ? fcode(merging_probs->dtype()) : 0, err);
+    check_launch("combine_owner_kernel");
+  }
+  if (d.T > 0 && merging_probs) {
+    const int wcode = fcode(merging_probs->dtype());
+    dispatch_typed(grad_combined.dtype(), d.H, {grad_combined.data(), permuted.data(), gp},
+                   [&](auto tag, auto n) {
+                     using T = decltype(tag);
+                     constexpr int N = decltype(n)::value;
+                     combine_bwd_probs_kernel<T, N><<<token_grid(d.T), kThreads, 0, s>>>(
+                         grad_combined.data<T>(), permuted.data<T>(), rid, pad,
+                         merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
+                         out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                     check_launch("combine_bwd_probs_kernel");
+                   });
+  }
+  const int vb = vec_bytes(row_bytes, {grad_combined.data(), gp});
+  dispatch_vec(vb, [&](auto v) {
+    constexpr int VB = decltype(v)::value;
+    if (d.T > 0 && !merging_probs && row_bytes > 0) {
+      const auto* cb = static_cast<const uint8_t*>(grad_combined.data());
+      combine_bwd_copy_kernel<VB><<<token_grid(d.T), kThreads, 0, s>>>(
+          cb, rid, pad, owner.get(), gp, d.T, d.E, d.R_in, row_bytes);
+      check_launch("combine_bwd_copy_kernel");
+    }
+    if (d.R_in > 0 && row_bytes > 0) {
+      zero_unowned_kernel<VB>
+          <<<warp_grid(d.R_in), kThreads, 0, s>>>(gp, owner.get(), d.R_in, row_bytes);
+      check_launch("zero_unowned_kernel");
+    }
+  });
+}
+
+TokenCombineBwd token_combine_bwd(const DeviceTensor& grad_combined, const DeviceTensor& permuted,
+                                  const DeviceTensor& row_id_map, const DeviceTensor* merging_probs,
+                                  const DeviceTensor* pad_offsets, Stream s, const RunOptions& o) {
+  const TensorMeta mpm = merging_probs ? merging_probs->meta() : TensorMeta{};
+  const TensorMeta padm = pad_offsets ? pad_offsets->meta() : TensorMeta{};
+  const CombineDims d =
+      validate_token_combine_bwd(grad_combined.meta(), permuted.meta(), row_id_map.meta(),
+                                 merging_probs ? &mpm : nullptr, pad_offsets ? &padm : nullptr);
+  TokenCombineBwd out;
+  out.grad_permuted = DeviceTensor(grad_combined.dtype(), {d.R_in, d.H});
+  if (merging_probs) out.grad_merging_probs = DeviceTensor(merging_probs->dtype(), {d.T, d.E});
+  if (o.poison) {
+    poison(out.grad_permuted, s);
+    poison(out.grad_merging_probs, s);
+  }
+  with_validation(o.validate, s, [&](void* err) {
+    token_combine_bwd_into(grad_combined, permuted, row_id_map, merging_probs, pad_offsets, out,
+                           err, s);
+  });
+  return out;
+}
+
+}  // namespace moe::gpu
