@@ -217,6 +217,9 @@ const OpInfo& aux_loss_scores_op() {
     o.bound = bound;
     o.compare = compare;
     o.invariants = invariants;
+    o.fd_masks = [](const Case&, const TensorMap& in) {
+      return fd_mask_large_rows(in.at("input.logits"));
+    };
     o.cost = cost;
     o.to_params = to_params;
     o.from_params = from_params;

@@ -65,6 +65,18 @@ Tensor make_logits(const Case& c, int64_t T, int64_t E, int64_t K, const std::st
   return x;
 }
 
+TensorMap fd_mask_large_rows(const Tensor& logits) {
+  Tensor mask(DType::f64, logits.shape());
+  for (int64_t t = 0; t < logits.dim(0); ++t) {
+    double mx = 0;
+    for (int64_t e = 0; e < logits.dim(1); ++e) mx = std::max(mx, std::fabs(logits.at(t, e)));
+    for (int64_t e = 0; e < logits.dim(1); ++e) mask.set(t, e, mx <= kFdMaxLogit ? 1.0 : 0.0);
+  }
+  TensorMap m;
+  m.emplace("input.logits", std::move(mask));
+  return m;
+}
+
 std::vector<int64_t> routing_rows_differ(const Tensor& a, const Tensor& b) {
   std::vector<int64_t> rows;
   if (a.shape() != b.shape() || a.dtype() != b.dtype() || a.rank() != 2) return rows;

@@ -23,6 +23,11 @@ RouterParams router_params(const Case& c);
 // Logits [T,E] in c.dtype for the case's regime, from (c.seed, name).
 Tensor make_logits(const Case& c, int64_t T, int64_t E, int64_t K, const std::string& name);
 
+// Rows with a logit beyond this magnitude are not perturbed by finite differences: SPEC's step
+// 1e-3 * max(1, |x|) would exceed the curvature scale of exp/sigmoid there.
+inline constexpr double kFdMaxLogit = 10.0;
+TensorMap fd_mask_large_rows(const Tensor& logits);
+
 // Rows where two routing maps (same format) differ.
 std::vector<int64_t> routing_rows_differ(const Tensor& a, const Tensor& b);
 
