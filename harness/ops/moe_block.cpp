@@ -18,8 +18,13 @@
 #include "harness/ops/check.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/router_family.h"
 #include "reference/moe_block.h"
 #include "reference/topk_router.h"
+
+#ifdef MOE_WITH_CUDA
+#include "harness/ops/block_gpu.h"
+#endif
 
 namespace moe::ops {
 
@@ -432,6 +437,84 @@ void compare_maps(const Case& c, const std::string& what, const TensorMap& got,
   }
 }
 
+// --- SPEC §1.4 near ties at block level ----------------------------------------------------------
+
+// How much one ulp of d on logit l moves the selection score z (the block's extra near-tie term).
+double score_shift(const RouterParams& p, DType d, double l, double z_max) {
+  const double u = ulp(d, l);
+  switch (p.score_function) {
+    case ScoreFunction::softmax:
+      // pre: dz_e <= z_e (|dl_e| + |dl_j|) for the two logits moved; post: z = l.
+      return p.use_pre_softmax ? 2 * z_max * u : u;
+    case ScoreFunction::sigmoid:
+      return std::fabs(sig(l + u) - sig(l)) + std::fabs(sig(l) - sig(l - u));
+    case ScoreFunction::sqrtsoftplus:
+      return std::fabs(std::sqrt(sp(l + u)) - std::sqrt(sp(l - u)));
+  }
+  return u;
+}
+
+// The default comparison, plus a diagnosis of every row whose routing differs from the
+// reference's: a row on a near tie (§1.4: the reference margin within delta plus the score change
+// of one ulp of d on each involved logit) would be acceptable, but the reference block has no
+// selection override to recompute y and the gradients under the GPU's selection, so such a case is
+// reported as a failure naming the near-tie rows (never passed silently); a row outside a near tie
+// is a plain selection error. The generator keeps margins far above delta, so neither is expected.
+Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const TensorMap& got) {
+  const OpInfo& op = *find_op("moe_block");
+  Report r = compare_outputs(op, c, in, want, got);
+  auto gm = got.find("output.routing_map");
+  const Tensor& wm = want.at("output.routing_map");
+  if (gm == got.end() || gm->second.shape() != wm.shape() || gm->second.dtype() != wm.dtype()) {
+    return r;
+  }
+  const std::vector<int64_t> rows = routing_rows_differ(wm, gm->second);
+  if (rows.empty()) return r;
+  const MoeBlockParams p = block_params(c);
+  const RouterParams rp = p.router();
+  const ref::MoeBlockFwd f = ref::moe_block_fwd(view(in), p);
+  std::optional<Tensor> bias;
+  if (const Tensor* b = find_tensor(in, "input.expert_bias")) bias = b->to(DType::f32);
+  const int64_t kp = rp.grouped() ? p.topk / p.group_topk : 1;
+  for (const ref::MoeShardState& st : f.shards) {
+    std::vector<ref::RowSelection> sel;
+    for (int64_t t : rows) {
+      if (t < st.first_token || t >= st.first_token + st.tokens) continue;
+      if (sel.empty()) sel = ref::topk_router_select(st.logits, bias ? &*bias : nullptr, rp);
+      const int64_t row = t - st.first_token;
+      const ref::RowSelection& s = sel[row];
+      const int64_t E = st.logits.dim(1);
+      double z_max = 0, shift_max = 0;
+      if (rp.score_function == ScoreFunction::softmax && rp.use_pre_softmax) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t e = 0; e < E; ++e) m = std::max(m, st.logits.at(row, e));
+        for (int64_t e = 0; e < E; ++e) sum += std::exp(st.logits.at(row, e) - m);
+        z_max = 1.0 / sum;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        shift_max = std::max(shift_max, score_shift(rp, c.dtype, st.logits.at(row, e), z_max));
+      }
+      double extra = 0;
+      if (s.next >= 0) {
+        extra = score_shift(rp, c.dtype, st.logits.at(row, s.experts.back()), z_max) +
+                score_shift(rp, c.dtype, st.logits.at(row, s.next), z_max);
+      }
+      const bool near = s.margin <= s.delta + extra ||
+                        s.group_margin <= s.delta + 2 * static_cast<double>(kp) * shift_max;
+      r.failures.push_back(
+          "routing_map row " + std::to_string(t) + " (shard " +
+          std::to_string(st.dp_rank * p.ep_size + st.ep_rank) + ") differs from the reference " +
+          (near ? "on a near tie (margin " + format_double(s.margin) + ", group margin " +
+                      format_double(s.group_margin) +
+                      "): acceptable by SPEC §1.4, but the block cannot be recomputed under the "
+                      "GPU's selection, so this case is not verified; replay with another seed"
+                : "outside a near tie (margin " + format_double(s.margin) + " > delta " +
+                      format_double(s.delta + extra) + ")"));
+    }
+  }
+  return r;
+}
+
 std::vector<std::string> invariants(const Case& c, const TensorMap& in, const TensorMap& out) {
   FailureList bad;
   const MoeBlockParams p = block_params(c);
@@ -580,6 +663,12 @@ const OpInfo& moe_block_op() {
     o.cost = cost;
     o.to_params = to_params;
     o.from_params = from_params;
+    o.compare = compare;
+#ifdef MOE_WITH_CUDA
+    o.gpu = moe_block_gpu;
+    o.gpu_bench = moe_block_gpu_bench;
+    o.bench_cases = moe_block_gpu_bench_cases;
+#endif
     return o;
   }();
   return op;

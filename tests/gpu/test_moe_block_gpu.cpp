@@ -1,0 +1,280 @@
+// CUDA moe_block tests (SPEC §11): sharded cases over P in {1,2,4,8} x D in {1,2} against the
+// reference through check_gpu (the registry suite already runs the record's own random and named
+// cases); EP invariance of the GPU block against its own P = D = 1 run within the §12 composite
+// bound (routing maps and counts bitwise); regression cases R3, R5, R7 on the GPU; determinism.
+// A disabled benchmark times forward + backward at Mixtral-like and DeepSeek-like sizes with
+// device-generated inputs and prints tokens/s.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "gpu/bench_util.cuh"
+#include "gpu/grouped_gemm.cuh"
+#include "gpu/moe_block.cuh"
+#include "harness/ops/block_gpu.h"
+#include "harness/ops/check.h"
+#include "harness/ops/ep_family.h"
+#include "harness/ops/perm_family.h"
+#include "harness/ops/registry.h"
+
+using namespace moe;
+using namespace moe::ops;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!gpu_available()) GTEST_SKIP() << "no CUDA GPU: " << gpu_description()
+
+const OpInfo& block_op() {
+  return *find_op("moe_block");
+}
+
+Case named_case(const std::string& name) {
+  for (const Case& c : block_op().named())
+    if (c.s("name") == name) return c;
+  throw std::invalid_argument("no named moe_block case " + name);
+}
+
+std::string failure(const Case& c, const Report& r) {
+  return c.line() + "\n" + r.str() + "  replay: " + replay_line(c, "gpu");
+}
+
+// got vs want (both GPU runs): floats (probs included) within the record's composite bound of
+// want; routing maps and group sizes bitwise (§11.5-1). Probs may differ by an ulp: cuBLAS picks
+// its kernel by the shard's row count, so fp32 logits need not be bitwise equal across P.
+Report agree(const Case& c, const TensorMap& in, const TensorMap& want, const TensorMap& got) {
+  Report r;
+  for (auto& [key, w] : want) {
+    auto it = got.find(key);
+    if (it == got.end()) {
+      r.failures.push_back(key + ": missing");
+      continue;
+    }
+    if (is_floating(w.dtype())) {
+      const Tensor b = block_op().bound(c, key, in, want);
+      r.tensors.push_back(compare(key, it->second.to(DType::f64), w.to(DType::f64), &b));
+    } else {
+      r.tensors.push_back(compare(key, it->second, w, nullptr));
+    }
+  }
+  if (got.size() != want.size()) r.failures.push_back("the two runs produce different tensors");
+  return r;
+}
+
+// The CPU suite's invariance cases: E = 8, B = 16, so every P in {1,2,4,8} and D in {1,2} divides.
+rc::Gen<Case> sharded_case() {
+  return rc::gen::exec([] {
+    Case c = *block_op().gen();
+    c.set("num_experts", int64_t{8}).set("B", int64_t{16}).set("S", *any_in(1, 3));
+    c.set("topk", *any_in(1, 4)).set("num_groups", int64_t{0}).set("group_topk", int64_t{0});
+    c.set("ep_size", *rc::gen::element<int64_t>(1, 2, 4, 8));
+    c.set("dp_size", *rc::gen::element<int64_t>(1, 2));
+    c.set("aux_loss_coeff", *rc::gen::element(0.0, 0.01));
+    if (c.regime == Regime::zero_tokens) c.regime = Regime::skewed;  // B is fixed at 16 here
+    return c;
+  });
+}
+
+struct DeviceInputs {
+  gpu::DeviceTensor x, gk, w0, w1, wo;
+  explicit DeviceInputs(const TensorMap& in)
+      : x(gpu::DeviceTensor::upload(in.at("input.x"))),
+        gk(gpu::DeviceTensor::upload(in.at("input.gate_kernel"))),
+        w0(gpu::DeviceTensor::upload(in.at("input.wi_0"))),
+        w1(gpu::DeviceTensor::upload(in.at("input.wi_1"))),
+        wo(gpu::DeviceTensor::upload(in.at("input.wo"))) {}
+  gpu::MoeBlockInputs view() const { return {x, gk, w0, w1, wo}; }
+};
+
+}  // namespace
+
+// --- GPU vs reference on sharded cases ----------------------------------------------------------
+
+RC_GTEST_PROP(MoeBlockGpu, ShardedCasesMatchTheReference, ()) {
+  if (!gpu_available()) RC_SUCCEED("no CUDA GPU: " + gpu_description());
+  const Case c = *sharded_case();
+  RC_TAG(c.i("ep_size"), c.i("dp_size"));
+  const Report r = check_gpu(block_op(), c);
+  if (!r.ok()) RC_FAIL(failure(c, r));
+}
+
+// --- §11.5-1 on the GPU: EP invariance against the GPU's own single-rank run --------------------
+
+TEST(MoeBlockGpu, EpAndDpShardingGiveTheSingleRankResult) {
+  SKIP_WITHOUT_GPU();
+  for (const char* backend : {"kernel", "argsort"}) {
+    for (int64_t a : {int64_t{0}, int64_t{4}}) {
+      for (DType d : {DType::f32, DType::bf16}) {
+        Case c = named_case("R5_R7_a0");
+        c.dtype = d;
+        c.set("name", "gpu_ep_invariance").set("B", int64_t{16}).set("S", int64_t{3});
+        c.set("backend", backend).set("align_size", a).set("topk", int64_t{2});
+        c.set("aux_loss_coeff", 0.01).set("ep_size", int64_t{1}).set("dp_size", int64_t{1});
+        c.set("wi_0_bias", true).set("wo_bias", true);
+        const TensorMap in = block_op().make_inputs(c);
+        const TensorMap one = moe_block_gpu(c, in);
+        for (int64_t P : {int64_t{2}, int64_t{4}, int64_t{8}}) {
+          for (int64_t D : {int64_t{1}, int64_t{2}}) {
+            Case s = c;
+            s.set("ep_size", P).set("dp_size", D);
+            const Report r = agree(c, in, one, moe_block_gpu(s, in));
+            EXPECT_TRUE(r.ok()) << failure(s, r);
+          }
+        }
+      }
+    }
+  }
+}
+
+// --- regression cases ---------------------------------------------------------------------------
+
+// R3: with a = 16 under EP rank 0 receives 128 aligned rows into R = 184; nothing overflows and
+// the result equals the GPU's P = 1 run and the reference.
+TEST(MoeBlockGpuRegression, R3_UndersizedReceiveBufferWithAlignment) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"R3_kernel", "R3_argsort"}) {
+    const Case c = named_case(name);
+    const TensorMap in = block_op().make_inputs(c);
+    const DeviceInputs d(in);
+    const gpu::MoeBlockFwd f = gpu::moe_block_fwd(d.view(), moe_block_params(c));
+    ASSERT_EQ(f.shards.size(), 2u);
+    for (const gpu::MoeShardState& st : f.shards) {
+      EXPECT_EQ(st.sorted_x.dim(0), 184) << replay_line(c, "gpu");
+      const Tensor lgs = st.local_group_sizes.download();
+      int64_t recv = 0;
+      for (int64_t l = 0; l < lgs.numel(); ++l) recv += static_cast<int64_t>(lgs.at(l));
+      EXPECT_EQ(recv, st.ep_rank == 0 ? 128 : 0) << replay_line(c, "gpu");
+    }
+    Case one = c;
+    one.set("ep_size", int64_t{1});
+    const Report r = agree(c, in, moe_block_gpu(one, in), moe_block_gpu(c, in));
+    EXPECT_TRUE(r.ok()) << failure(c, r);
+    const Report vs_ref = check_gpu(block_op(), c);
+    EXPECT_TRUE(vs_ref.ok()) << failure(c, vs_ref);
+  }
+}
+
+// R5: the combine backward under EP consumes eo_post [R_pre,H] (not the [R,H] receive buffer),
+// and every gradient equals the GPU's P = 1 run, for both backends.
+TEST(MoeBlockGpuRegression, R5_CombineBackwardUsesTheConsumedTensorUnderEp) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"R5_R7_a0", "R5_R7_a16"}) {
+    for (const char* be : {"kernel", "argsort"}) {
+      Case c = named_case(name);
+      c.set("backend", be);
+      const TensorMap in = block_op().make_inputs(c);
+      const MoeBlockParams p = moe_block_params(c);
+      const DeviceInputs d(in);
+      const gpu::MoeBlockFwd f = gpu::moe_block_fwd(d.view(), p);
+      const EpShape es{c.i("B"),  c.i("S"),      p.topk,      p.ep_size,
+                       p.dp_size, p.num_experts, p.align_size};
+      for (const gpu::MoeShardState& st : f.shards) {
+        EXPECT_EQ(st.eo_post.shape(), (Shape{pre_a2a_rows(es), c.i("H")})) << replay_line(c, "gpu");
+        EXPECT_NE(st.eo_post.dim(0), recv_rows(es));
+      }
+      Case one = c;
+      one.set("ep_size", int64_t{1});
+      const Report r = agree(c, in, moe_block_gpu(one, in), moe_block_gpu(c, in));
+      EXPECT_TRUE(r.ok()) << failure(c, r);
+    }
+  }
+}
+
+// R7: pad_offsets absent with a = 0 and an [E] i32 tensor with a = 16, both under EP, equal to
+// P = 1 and to the reference; no pad_offsets tensor reaches the outputs.
+TEST(MoeBlockGpuRegression, R7_PadOffsetsAbsentVersusPresentAcrossEp) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"R5_R7_a0", "R5_R7_a16"}) {
+    const Case c = named_case(name);
+    const TensorMap in = block_op().make_inputs(c);
+    const DeviceInputs d(in);
+    const gpu::MoeBlockFwd f = gpu::moe_block_fwd(d.view(), moe_block_params(c));
+    for (const gpu::MoeShardState& st : f.shards) {
+      if (c.i("align_size") == 0) {
+        EXPECT_FALSE(st.pad_offsets.has_value()) << replay_line(c, "gpu");
+      } else {
+        ASSERT_TRUE(st.pad_offsets.has_value()) << replay_line(c, "gpu");
+        EXPECT_EQ(st.pad_offsets->dtype(), DType::i32);
+        EXPECT_EQ(st.pad_offsets->shape(), (Shape{c.i("num_experts")}));
+      }
+    }
+    const TensorMap out = moe_block_gpu(c, in);
+    for (auto& [k, v] : out) EXPECT_EQ(k.find("pad_offsets"), std::string::npos) << k;
+    Case one = c;
+    one.set("ep_size", int64_t{1});
+    const Report r = agree(c, in, moe_block_gpu(one, in), out);
+    EXPECT_TRUE(r.ok()) << failure(c, r);
+    const Report vs_ref = check_gpu(block_op(), c);
+    EXPECT_TRUE(vs_ref.ok()) << failure(c, vs_ref);
+  }
+}
+
+// --- determinism ---------------------------------------------------------------------------------
+
+TEST(MoeBlockGpu, TwoRunsAreBitwiseEqual) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"mixtral_like", "deepseek_like"}) {
+    Case c = named_case(name);
+    c.set("ep_size", int64_t{2}).set("dp_size", int64_t{2});
+    const TensorMap in = block_op().make_inputs(c);
+    const TensorMap a = moe_block_gpu(c, in), b = moe_block_gpu(c, in);
+    ASSERT_EQ(a.size(), b.size());
+    for (auto& [k, v] : a) {
+      ASSERT_TRUE(b.count(k)) << k;
+      EXPECT_TRUE(b.at(k).bitwise_equal(v)) << k << " differs; " << replay_line(c, "gpu");
+    }
+  }
+}
+
+// --- benchmark -----------------------------------------------------------------------------------
+
+// Forward + backward at the benchmark shapes with inputs generated on the device (host generation
+// of the DeepSeek-like weights would take minutes). Run with --gtest_also_run_disabled_tests.
+TEST(MoeBlockGpuBench, DISABLED_TokensPerSecond) {
+  SKIP_WITHOUT_GPU();
+  using gpu::DeviceTensor;
+  using gpu::gemm_detail::fill_hash_uniform;
+  for (const Case& c : moe_block_gpu_bench_cases()) {
+    const MoeBlockParams p = moe_block_params(c);
+    const int64_t B = c.i("B"), S = c.i("S"), H = c.i("H"), M = c.i("M"), E = p.num_experts;
+    const double T = static_cast<double>(B * S);
+    const DType d = c.dtype;
+    DeviceTensor x(d, {B, S, H}), gk(d, {H, E}), w0(d, {E, H, M}), w1(d, {E, H, M}),
+        wo(d, {E, M, H}), ct(d, {B, S, H});
+    const double sh = std::sqrt(3.0 / static_cast<double>(H));
+    const double sm = std::sqrt(3.0 / static_cast<double>(M));
+    fill_hash_uniform(x, 1, -1.0, 1.0);
+    fill_hash_uniform(gk, 2, -sh, sh);
+    fill_hash_uniform(w0, 3, -sh, sh);
+    fill_hash_uniform(w1, 4, -sh, sh);
+    fill_hash_uniform(wo, 5, -sm, sm);
+    fill_hash_uniform(ct, 6, -1.0, 1.0);
+    std::optional<DeviceTensor> eb;
+    if (c.b("expert_bias", false)) {
+      eb.emplace(DType::f32, Shape{E});
+      fill_hash_uniform(*eb, 7, -0.01, 0.01);
+    }
+    const gpu::MoeBlockInputs in{x, gk, w0, w1, wo, nullptr, nullptr, nullptr, eb ? &*eb : nullptr};
+    const gpu::RunOptions fast{false, false};
+    const gpu::TimingStats fwd =
+        gpu::time_launches([&](int) { gpu::moe_block_fwd(in, p, nullptr, fast); }, 2, 10, 1);
+    const gpu::TimingStats both = gpu::time_launches(
+        [&](int) {
+          const gpu::MoeBlockFwd f = gpu::moe_block_fwd(in, p, nullptr, fast);
+          gpu::moe_block_bwd(ct, nullptr, in, f, p, nullptr, fast);
+        },
+        2, 10, 1);
+    std::printf(
+        "moe_block %-14s T=%lld H=%lld M=%lld E=%lld K=%lld bf16 P=1: fwd %.2f ms, fwd+bwd %.2f ms "
+        "(min %.2f): %.0f tokens/s fwd+bwd, %.0f tokens/s fwd\n",
+        c.s("name").c_str(), static_cast<long long>(T), static_cast<long long>(H),
+        static_cast<long long>(M), static_cast<long long>(E), static_cast<long long>(p.topk),
+        fwd.median_ms, both.median_ms, both.min_ms, T / (both.median_ms * 1e-3),
+        T / (fwd.median_ms * 1e-3));
+    std::fflush(stdout);
+  }
+}
