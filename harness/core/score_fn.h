@@ -6,7 +6,8 @@
 // log1p with plain IEEE fp32 add/sub/mul/div and integer bit operations only. Each operation is
 // correctly rounded on both sides, provided there is no FMA contraction (host: -ffp-contract=off;
 // nvcc: --fmad=false, both set by CMakeLists.txt) and denormals are kept (no fast-math).
-// Accuracy (measured against double over a sweep of fp32 inputs): see the numbers below each.
+// Accuracy against double, measured over a sweep of 2M fp32 inputs: exp_f32 0.95 ulp, log1p_f32
+// 2.1 ulp, sigmoid_f32 2.0 ulp, sqrtsoftplus_f32 1.3 ulp (including subnormal-range results).
 //
 // Row sums: the CUDA row kernels hold a row as `lanes` lanes of `slots` values each (row_layout);
 // each lane adds its slots in order, then the lanes combine by an xor butterfly. row_sum_f32
@@ -60,29 +61,61 @@ MOE_HD float floor_f32(float x) {
 #endif
 }
 
-// e^x. Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n*kLn2Hi is exact),
-// a degree-7 Taylor polynomial kept as 1 + (r + r^2 q(r)) so its rounding error is scaled down,
-// then an exact scaling by 2^n (two steps when the result is subnormal).
+// 2^(j/32) for j = 0..31 as a pair of floats (hi, lo) with hi + lo accurate to ~2^-49.
+#define MOE_EXP2_TABLE                                                                        \
+  {                                                                                           \
+    0x1.p+0f, 0.0f, 0x1.059b0ep+0f, -0x1.9d4f52p-25f, 0x1.0b5586p+0f, 0x1.9f3122p-25f,        \
+        0x1.11301ep+0f, -0x1.fdb496p-25f, 0x1.172b84p+0f, -0x1.c15742p-27f, 0x1.1d4874p+0f,   \
+        -0x1.d2e8cap-25f, 0x1.2387a6p+0f, 0x1.ceac48p-25f, 0x1.29e9e0p+0f, -0x1.5c0424p-25f,  \
+        0x1.306fe0p+0f, 0x1.4636e2p-25f, 0x1.371a74p+0f, -0x1.18aac6p-25f, 0x1.3dea64p+0f,    \
+        0x1.824684p-25f, 0x1.44e086p+0f, 0x1.8624b4p-30f, 0x1.4bfdaep+0f, -0x1.593abcp-25f,   \
+        0x1.5342b6p+0f, -0x1.2c5610p-25f, 0x1.5ab07ep+0f, -0x1.5bd5ecp-27f, 0x1.6247ecp+0f,   \
+        -0x1.f8b550p-25f, 0x1.6a09e6p+0f, 0x1.9fcef4p-26f, 0x1.71f75ep+0f, 0x1.1d8beep-25f,   \
+        0x1.7a1148p+0f, -0x1.829fd0p-25f, 0x1.82589ap+0f, -0x1.accc7cp-26f, 0x1.8ace54p+0f,   \
+        0x1.15506ep-27f, 0x1.93737cp+0f, -0x1.e64744p-25f, 0x1.9c4918p+0f, 0x1.51f848p-27f,   \
+        0x1.a5503cp+0f, -0x1.b83b54p-25f, 0x1.ae89fap+0f, -0x1.a94b14p-26f, 0x1.b7f770p+0f,   \
+        -0x1.a09438p-25f, 0x1.c199bep+0f, -0x1.3d56b2p-27f, 0x1.cb720ep+0f, -0x1.8837ccp-27f, \
+        0x1.d5818ep+0f, -0x1.822dbcp-27f, 0x1.dfc974p+0f, -0x1.908c94p-25f, 0x1.ea4afap+0f,   \
+        0x1.52486cp-27f, 0x1.f50766p+0f, -0x1.246eb0p-26f,                                    \
+  }
+inline constexpr float kExp2TabHost[64] = MOE_EXP2_TABLE;
+#ifdef __CUDACC__
+static __device__ const float kExp2TabDev[64] = MOE_EXP2_TABLE;
+#endif
+MOE_HD float exp2_tab(int i) {
+#ifdef __CUDA_ARCH__
+  return __ldg(&kExp2TabDev[i]);
+#else
+  return kExp2TabHost[i];
+#endif
+}
+
+// e^x. Range reduction x = (32k + j) ln2/32 + r with |r| <= ln2/64 (ln2/32 split in two so that
+// n * kHi is exact), e^r - 1 by a degree-5 polynomial, the table value 2^(j/32) = hi + lo, then an
+// exact scaling by 2^k (two steps when the result is subnormal or k = 128). Written with selects
+// rather than branches so a warp never diverges on it.
 MOE_HD float exp_f32(float x) {
   if (x != x) return x;
-  if (x > 88.72283935546875f) return INFINITY;  // above ln(FLT_MAX)
-  if (x < -103.972084045410156f) return 0.0f;   // below ln(smallest subnormal / 2)
-  const float kLog2e = 1.44269502162933349609f;
-  const float kLn2Hi = 0.693145751953125f;        // 15 significant bits
-  const float kLn2Lo = 1.42860676533018704e-06f;  // ln2 - kLn2Hi
-  const float nf = floor_f32(x * kLog2e + 0.5f);
-  const int n = static_cast<int>(nf);
-  const float r = (x - nf * kLn2Hi) - nf * kLn2Lo;
-  float q = 1.0f / 5040.0f;
-  q = q * r + 1.0f / 720.0f;
-  q = q * r + 1.0f / 120.0f;
+  const float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
+  const float k32InvLn2 = 46.16624069213867f;
+  const float kHi = 0.02166748046875f;        // ln2/32 to 9 significant bits
+  const float kLo = -6.631076303165173e-06f;  // ln2/32 - kHi
+  const float nf = floor_f32(xc * k32InvLn2 + 0.5f);
+  const int n = static_cast<int>(nf);  // [-4802, 4109]
+  const int j = n & 31;
+  const int k = (n - j) / 32;  // exact: floor(n / 32)
+  const float r = (xc - nf * kHi) - nf * kLo;
+  float q = 1.0f / 120.0f;
   q = q * r + 1.0f / 24.0f;
   q = q * r + 1.0f / 6.0f;
   q = q * r + 0.5f;
-  const float p = 1.0f + (r + (r * r) * q);
-  if (n > 127) return (p * pow2_f32(127)) * pow2_f32(n - 127);
-  if (n < -126) return (p * pow2_f32(n + 64)) * pow2_f32(-64);
-  return p * pow2_f32(n);
+  const float pm1 = r + (r * r) * q;  // e^r - 1
+  const float hi = exp2_tab(2 * j), lo = exp2_tab(2 * j + 1);
+  const float p = hi + (hi * pm1 + lo);
+  const int k1 = k < -126 ? k + 64 : (k > 127 ? 127 : k);
+  const float s2 = k < -126 ? pow2_f32(-64) : (k > 127 ? pow2_f32(k - 127) : 1.0f);
+  const float y = (p * pow2_f32(k1)) * s2;
+  return x > 88.72283935546875f ? INFINITY : (x < -103.972084045410156f ? 0.0f : y);
 }
 
 // log(1 + y) for y >= 0 (the softplus range), fdlibm's method in fp32: u = fl(1 + y) = m 2^k with
@@ -120,10 +153,20 @@ MOE_HD float log1p_f32(float y) {
 
 // sigma(x) = 1 / (1 + e^-x); for x < 0 as e^x / (1 + e^x), which stays accurate (and non-zero)
 // where e^-x overflows.
+MOE_HD float rcp_f32(float x) {
+#ifdef __CUDA_ARCH__
+  return __frcp_rn(x);
+#else
+  return 1.0f / x;
+#endif
+}
+
+// Both branches as t * (1 / (1 + t)): one correctly rounded reciprocal instead of a division.
 MOE_HD float sigmoid_f32(float x) {
-  if (x >= 0.0f) return 1.0f / (1.0f + exp_f32(-x));
-  const float e = exp_f32(x);
-  return e / (1.0f + e);
+  const float ax = x < 0.0f ? -x : x;
+  const float t = exp_f32(-ax);
+  const float inv = rcp_f32(1.0f + t);
+  return x >= 0.0f ? inv : t * inv;
 }
 
 // sp(x) = x if x > 20, else log1p(exp(x)) (SPEC §1.2).

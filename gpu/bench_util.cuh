@@ -1,0 +1,63 @@
+// Timing helpers for `moe-harness bench` and any op's benchmark (STYLE 11: verify, then time with
+// CUDA events after warm-up, report the median and the ratio to a limit measured in the same
+// run). No CUDA types in this header.
+//
+// Methodology:
+//  - launch(i) enqueues one run of the op on the given stream; i counts launches so the caller can
+//    rotate among several input/output sets whose total exceeds the L2 cache (small cases would
+//    otherwise be timed out of L2, which real training steps do not enjoy);
+//  - one sample = `per_sample` back-to-back launches between two events (so launch gaps are
+//    amortised as in a training step, and sub-microsecond event resolution does not matter);
+//    time_launches_auto captures those launches into a CUDA graph on bench_stream() and times its
+//    replays, so microsecond kernels are timed on the GPU rather than at the CPU's launch rate
+//    (the benchmark's launch functions must enqueue on bench_stream(); where one does not, the
+//    capture is empty or fails and timing falls back to direct launches);
+//  - the statistic is over >= 20 samples, per launch: median, min, max.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "gpu/runtime.cuh"
+
+namespace moe::gpu {
+
+struct TimingStats {
+  double median_ms = 0, min_ms = 0, max_ms = 0;  // per launch
+  int samples = 0, per_sample = 0;
+  bool graph = false;  // timed as CUDA graph replays
+};
+
+// The stream benchmark launches go to (created on first use, non-blocking).
+Stream bench_stream();
+
+// Times launch(i). warmup launches first (not timed), then `samples` samples of `per_sample`
+// launches each.
+TimingStats time_launches(const std::function<void(int)>& launch, int warmup, int samples,
+                          int per_sample, Stream s = nullptr);
+
+// On bench_stream(), per_sample chosen so that one sample lasts at least min_sample_ms (from a
+// short calibration run, capped at max_per_sample), each sample one replay of a CUDA graph of
+// per_sample launches when capture works (see above), direct launches otherwise.
+TimingStats time_launches_auto(const std::function<void(int)>& launch, int samples = 25,
+                               double min_sample_ms = 1.0, int max_per_sample = 1000);
+
+// Device-to-device copy bandwidth, counting bytes read plus bytes written (cudaMemcpyAsync of a
+// `bytes` buffer into another; the source is filled first so nothing reads uninitialised memory).
+struct CopyBandwidth {
+  double gbps = 0;  // (2 * bytes) / median time, in 1e9 bytes per second
+  double bytes = 0;
+  TimingStats t;
+};
+CopyBandwidth measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int samples = 25,
+                                     Stream s = nullptr);
+
+// How many input/output sets of `bytes_per_set` to rotate among so their total is at least three
+// times the L2 cache, capped at max_sets and at a quarter of the free device memory.
+int rotation_sets(double bytes_per_set, int max_sets = 64);
+
+size_t l2_cache_bytes();
+void device_synchronize();
+
+}  // namespace moe::gpu

@@ -1,0 +1,734 @@
+// CUDA twin of reference/grouped_gemm.cpp: grouped_gemm (SPEC §10.1). Plan: gpu/grouped_gemm.cuh.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/device_util.cuh"
+#include "gpu/grouped_gemm.cuh"
+
+namespace moe::gpu {
+
+namespace {
+
+using gemm_detail::DevicePlan;
+using gemm_detail::Scratch;
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+constexpr int kAuxStreams = 8;
+
+void check_blas(cublasStatus_t st, const char* what, const char* file, int line) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(st) + " (" +
+                           cublasGetStatusString(st) + ") in " + what + " at " + file + ":" +
+                           std::to_string(line));
+}
+#define MOE_CUBLAS_CHECK(call) check_blas((call), #call, __FILE__, __LINE__)
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      break;
+  }
+  throw std::invalid_argument("grouped_gemm: unsupported dtype " + std::string(dtype_name(d)));
+}
+
+// One handle per (thread, device, stream), bound to that stream, with its own workspace: a
+// workspace shared by handles on concurrent streams would race, and a fixed workspace size keeps
+// cuBLAS's algorithm choice (hence the bits) fixed. Handles live until the process exits;
+// destroying them from thread-local destructors after the driver has shut down is unsafe.
+cublasHandle_t blas_for(Stream s) {
+  thread_local std::map<std::pair<int, Stream>, cublasHandle_t> handles;
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  auto it = handles.find({dev, s});
+  if (it != handles.end()) return it->second;
+  cublasHandle_t h = nullptr;
+  MOE_CUBLAS_CHECK(cublasCreate(&h));
+  // cublasSetStream resets the workspace to the default pool, so the stream is set first.
+  MOE_CUBLAS_CHECK(cublasSetStream(h, s));
+  void* ws = nullptr;
+  MOE_CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes));
+  MOE_CUBLAS_CHECK(cublasSetWorkspace(h, ws, kWorkspaceBytes));
+  // fp32 accumulation throughout: no reduced-precision split-K reductions for 16-bit outputs.
+  MOE_CUBLAS_CHECK(cublasSetMathMode(
+      h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  MOE_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+  handles.emplace(std::make_pair(dev, s), h);
+  return h;
+}
+
+// The forked streams of GemmImpl::streams, per thread and device.
+struct AuxStreams {
+  Stream streams[kAuxStreams];
+  cudaEvent_t fork, join[kAuxStreams];
+};
+AuxStreams& aux_streams() {
+  thread_local std::map<int, AuxStreams> pools;
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  auto it = pools.find(dev);
+  if (it != pools.end()) return it->second;
+  AuxStreams a{};
+  for (int i = 0; i < kAuxStreams; ++i) {
+    cudaStream_t st = nullptr;
+    MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    a.streams[i] = st;
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.join[i], cudaEventDisableTiming));
+  }
+  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.fork, cudaEventDisableTiming));
+  return pools.emplace(dev, a).first->second;
+}
+
+// One column-major cuBLAS problem C[m,n] (=|+=) op(A)[m,k] op(B)[k,n].
+struct Problem {
+  cublasOperation_t ta, tb;
+  int m, n, k, lda, ldb, ldc;
+  const void* a;
+  const void* b;
+  void* c;
+};
+
+int as_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(v) +
+                                " exceeds the int range of the cuBLAS interface");
+  }
+  return static_cast<int>(v);
+}
+
+const char* byte_ptr(const void* p, int64_t elems, size_t es) {
+  return static_cast<const char*>(p) + elems * static_cast<int64_t>(es);
+}
+
+// Row-major products as column-major cuBLAS problems (C^T = B^T A^T); see gemm_detail::
+// grouped_product for the roles. Problems that write nothing (m or n = 0) are dropped; problems
+// with k = 0 go to zero_k (their C is cleared by the caller unless accumulating).
+void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* a,
+                    const void* b, size_t es_c, void* c, int64_t K, int64_t N,
+                    std::vector<Problem>& out, std::vector<Problem>& zero_k) {
+  const int64_t G = plan.groups();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t n_g = plan.sizes[g], o_g = plan.offsets[g];
+    Problem p{};
+    switch (role) {
+      case GemmRole::fwd:  // C^T[N, n_g] = B_g^T[N, K] . A^T[K, n_g]
+        p = {CUBLAS_OP_N,
+             CUBLAS_OP_N,
+             as_int(N, "N"),
+             as_int(n_g, "group size"),
+             as_int(K, "K"),
+             as_int(std::max<int64_t>(N, 1), "N"),
+             as_int(std::max<int64_t>(K, 1), "K"),
+             as_int(std::max<int64_t>(N, 1), "N"),
+             byte_ptr(b, g * K * N, es_ab),
+             byte_ptr(a, o_g * K, es_ab),
+             const_cast<char*>(byte_ptr(c, o_g * N, es_c))};
+        break;
+      case GemmRole::dgrad:  // C^T[K, n_g] = B_g[K, N] . A^T[N, n_g]
+        p = {CUBLAS_OP_T,
+             CUBLAS_OP_N,
+             as_int(K, "K"),
+             as_int(n_g, "group size"),
+             as_int(N, "N"),
+             as_int(std::max<int64_t>(N, 1), "N"),
+             as_int(std::max<int64_t>(N, 1), "N"),
+             as_int(std::max<int64_t>(K, 1), "K"),
+             byte_ptr(b, g * K * N, es_ab),
+             byte_ptr(a, o_g * N, es_ab),
+             const_cast<char*>(byte_ptr(c, o_g * K, es_c))};
+        break;
+      case GemmRole::wgrad:  // C_g^T[N, K] = B^T[N, n_g] . A[n_g, K]
+        p = {CUBLAS_OP_N,
+             CUBLAS_OP_T,
+             as_int(N, "N"),
+             as_int(K, "K"),
+             as_int(n_g, "group size"),
+             as_int(std::max<int64_t>(N, 1), "N"),
+             as_int(std::max<int64_t>(K, 1), "K"),
+             as_int(std::max<int64_t>(N, 1), "N"),
+             byte_ptr(b, o_g * N, es_ab),
+             byte_ptr(a, o_g * K, es_ab),
+             const_cast<char*>(byte_ptr(c, g * K * N, es_c))};
+        break;
+    }
+    if (p.m == 0 || p.n == 0) continue;
+    (p.k == 0 ? zero_k : out).push_back(p);
+  }
+}
+
+void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc,
+             float beta) {
+  const float alpha = 1.0f;
+  MOE_CUBLAS_CHECK(cublasGemmEx(h, p.ta, p.tb, p.m, p.n, p.k, &alpha, p.a, tab, p.lda, p.b, tab,
+                                p.ldb, &beta, p.c, tc, p.ldc, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+}
+
+void run_loop(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
+              Stream s) {
+  cublasHandle_t h = blas_for(s);
+  for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta);
+}
+
+void run_streams(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
+                 Stream s) {
+  if (ps.size() <= 1) return run_loop(ps, tab, tc, beta, s);
+  AuxStreams& aux = aux_streams();
+  const int used = static_cast<int>(std::min<size_t>(ps.size(), kAuxStreams));
+  MOE_CUDA_CHECK(cudaEventRecord(aux.fork, s));
+  for (int i = 0; i < used; ++i) MOE_CUDA_CHECK(cudaStreamWaitEvent(aux.streams[i], aux.fork, 0));
+  for (size_t j = 0; j < ps.size(); ++j) {
+    Stream st = aux.streams[j % kAuxStreams];
+    gemm_ex(blas_for(st), ps[j], tab, tc, beta);
+  }
+  for (int i = 0; i < used; ++i) {
+    MOE_CUDA_CHECK(cudaEventRecord(aux.join[i], aux.streams[i]));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(s, aux.join[i], 0));
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+void run_grouped(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
+                 Stream s) {
+  if (ps.empty()) return;
+  // cublasGemmGroupedBatchedEx takes C in the operands' type only (no bf16/f16 -> fp32), and
+  // 16-bit operands need aligned pointers (a misaligned one is a sticky launch fault). Such
+  // problem sets go through per-group cublasGemmEx, which handles both.
+  bool ok = tab == tc;
+  for (const Problem& p : ps) ok = ok && aligned16(p.a) && aligned16(p.b) && aligned16(p.c);
+  if (!ok) return run_streams(ps, tab, tc, beta, s);
+  const size_t P = ps.size();
+  std::vector<cublasOperation_t> ta(P), tb(P);
+  std::vector<int> m(P), n(P), k(P), lda(P), ldb(P), ldc(P), group_size(P, 1);
+  std::vector<float> alpha(P, 1.0f), betas(P, beta);
+  std::vector<const void*> ptrs(3 * P);  // A pointers, then B, then C
+  for (size_t i = 0; i < P; ++i) {
+    const Problem& p = ps[i];
+    ta[i] = p.ta;
+    tb[i] = p.tb;
+    m[i] = p.m;
+    n[i] = p.n;
+    k[i] = p.k;
+    lda[i] = p.lda;
+    ldb[i] = p.ldb;
+    ldc[i] = p.ldc;
+    ptrs[i] = p.a;
+    ptrs[P + i] = p.b;
+    ptrs[2 * P + i] = p.c;
+  }
+  // The pointer arrays live on the device. A pageable source is staged before the call returns,
+  // so the host vector may go out of scope at once.
+  Scratch dptrs(ptrs.size() * sizeof(void*), s);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dptrs.get(), ptrs.data(), ptrs.size() * sizeof(void*),
+                                 cudaMemcpyHostToDevice, s));
+  auto** d = dptrs.as<const void*>();
+  MOE_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      blas_for(s), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), d, tab,
+      lda.data(), d + P, tab, ldb.data(), betas.data(), const_cast<void* const*>(d + 2 * P), tc,
+      ldc.data(), static_cast<int>(P), group_size.data(), CUBLAS_COMPUTE_32F));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+constexpr int kThreads = 256;
+
+// Group of row r: the g with offsets[g] <= r < offsets[g + 1] (empty groups have equal offsets).
+__device__ __forceinline__ int group_of(const int64_t* offsets, int G, int64_t r) {
+  int lo = 0, hi = G;  // first index j in [0, G] with offsets[j] > r, minus one
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (offsets[mid] > r) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo - 1;
+}
+
+// One block per row: out[r, :] = rnd(acc[r, :] + bias[g(r), :]).
+template <class TO, class TB>
+__global__ void bias_epilogue_kernel(const float* __restrict__ acc, const TB* __restrict__ bias,
+                                     TO* __restrict__ out, const int64_t* __restrict__ offsets,
+                                     int G, int64_t N) {
+  const int64_t r = blockIdx.x;
+  const TB* brow = nullptr;
+  if (bias) brow = bias + static_cast<int64_t>(group_of(offsets, G, r)) * N;
+  const float* a = acc + r * N;
+  TO* o = out + r * N;
+  for (int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+    float v = a[j];
+    if (brow) v += to_f32(brow[j]);
+    o[j] = from_f32<TO>(v);
+  }
+}
+
+// Per-group column sums. Block (32, 8) per (32 columns, group): thread (tx, ty) sums rows
+// ty, ty + 8, ... of its column in order, then a fixed-order tree over ty; no atomics, so the
+// result is deterministic.
+template <class TS, class TD>
+__global__ void column_sums_kernel(const TS* __restrict__ src, TD* __restrict__ dst,
+                                   const int64_t* __restrict__ offsets, int64_t N) {
+  __shared__ float part[8][33];
+  const int g = blockIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+  float sum = 0.0f;
+  if (col < N) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) sum += to_f32(src[r * N + col]);
+  }
+  part[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  for (int step = 4; step > 0; step >>= 1) {
+    if (threadIdx.y < step) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + step][threadIdx.x];
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && col < N)
+    dst[static_cast<int64_t>(g) * N + col] = from_f32<TD>(part[0][threadIdx.x]);
+}
+
+__host__ __device__ inline uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__host__ __device__ inline double hash_unit(uint64_t seed, int64_t i) {
+  return static_cast<double>(splitmix64(seed + static_cast<uint64_t>(i)) >> 40) * 0x1p-24;
+}
+
+template <class T>
+__device__ __forceinline__ T from_f64(double v);
+template <>
+__device__ __forceinline__ float from_f64<float>(double v) {
+  return __double2float_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f64<__nv_bfloat16>(double v) {
+  return __double2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ __half from_f64<__half>(double v) {
+  return __double2half(v);
+}
+
+template <class T>
+__global__ void fill_hash_kernel(T* __restrict__ t, int64_t n, uint64_t seed, double lo,
+                                 double hi) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    t[i] = from_f64<T>(lo + (hi - lo) * hash_unit(seed, i));
+  }
+}
+
+template <class T>
+__global__ void gather_kernel(const T* __restrict__ t, const int64_t* __restrict__ index,
+                              double* __restrict__ out, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = static_cast<double>(to_f32(t[index[i]]));
+}
+
+int grid_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 132 * 16));
+}
+
+void check_launch() {
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// Two-dtype dispatch.
+template <class F>
+void dispatch_float2(DType a, DType b, F&& f) {
+  dispatch_float(a, [&](auto ta) { dispatch_float(b, [&](auto tb) { f(ta, tb); }); });
+}
+
+void require_same_dtype(const DeviceTensor& t, DType d, const char* what) {
+  if (t.dtype() != d) {
+    throw std::invalid_argument(
+        std::string(what) + ": dtype " + std::string(dtype_name(t.dtype())) + " differs from x's " +
+        std::string(dtype_name(d)) + " (the CUDA twin multiplies operands of one dtype)");
+  }
+}
+
+GroupedGemmShape validate(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& gs,
+                          const DeviceTensor* bias) {
+  const TensorMeta bm = bias ? bias->meta() : TensorMeta{};
+  return validate_grouped_gemm(x.meta(), w.meta(), gs.meta(), bias ? &bm : nullptr);
+}
+
+GroupedGemmShape validate_plan(const DeviceTensor& x, const DeviceTensor& w, const GroupPlan& plan,
+                               const DeviceTensor* bias) {
+  const TensorMeta bm = bias ? bias->meta() : TensorMeta{};
+  const TensorMeta gm{DType::i64, {plan.groups()}};
+  const GroupedGemmShape sh = validate_grouped_gemm(x.meta(), w.meta(), gm, bias ? &bm : nullptr);
+  if (plan.rows != sh.rows) {
+    throw std::invalid_argument("group_sizes: the plan is for " + std::to_string(plan.rows) +
+                                " rows, x has " + std::to_string(sh.rows));
+  }
+  return sh;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+std::string_view gemm_impl_name(GemmImpl impl) {
+  switch (impl) {
+    case GemmImpl::grouped:
+      return "grouped";
+    case GemmImpl::loop:
+      return "loop";
+    case GemmImpl::streams:
+      return "streams";
+  }
+  return "?";
+}
+
+GemmImpl parse_gemm_impl(std::string_view s) {
+  if (s == "grouped") return GemmImpl::grouped;
+  if (s == "loop") return GemmImpl::loop;
+  if (s == "streams") return GemmImpl::streams;
+  throw std::invalid_argument("impl: unknown value '" + std::string(s) +
+                              "' (expected grouped, loop or streams)");
+}
+
+GemmImpl default_gemm_impl() {
+  return GemmImpl::grouped;
+}
+
+GroupPlan make_group_plan(const std::vector<int64_t>& sizes, int64_t rows) {
+  GroupPlan p;
+  p.used = check_group_sizes(sizes, rows);
+  p.rows = rows;
+  p.sizes = sizes;
+  p.offsets.assign(sizes.size() + 1, 0);
+  for (size_t g = 0; g < sizes.size(); ++g) p.offsets[g + 1] = p.offsets[g] + sizes[g];
+  return p;
+}
+
+GroupPlan read_group_plan(const DeviceTensor& group_sizes, int64_t rows, Stream s) {
+  require_rank(group_sizes.meta(), 1, "group_sizes");
+  const int64_t G = group_sizes.dim(0);
+  std::vector<int64_t> sizes(static_cast<size_t>(G));
+  if (group_sizes.dtype() == DType::i64) {
+    if (G > 0) {
+      MOE_CUDA_CHECK(cudaMemcpyAsync(sizes.data(), group_sizes.data(), G * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, s));
+    }
+  } else if (group_sizes.dtype() == DType::i32) {
+    std::vector<int32_t> v(static_cast<size_t>(G));
+    if (G > 0) {
+      MOE_CUDA_CHECK(cudaMemcpyAsync(v.data(), group_sizes.data(), G * sizeof(int32_t),
+                                     cudaMemcpyDeviceToHost, s));
+    }
+    MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int64_t g = 0; g < G; ++g) sizes[g] = v[g];
+    return make_group_plan(sizes, rows);
+  } else {
+    throw std::invalid_argument("group_sizes: unsupported dtype " +
+                                std::string(dtype_name(group_sizes.dtype())) +
+                                " (expected int32 or int64)");
+  }
+  MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return make_group_plan(sizes, rows);
+}
+
+namespace gemm_detail {
+
+DevicePlan::DevicePlan(const GroupPlan& plan, Stream s) : s_(s) {
+  const size_t bytes = plan.offsets.size() * sizeof(int64_t);
+  MOE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&offsets_), bytes, s));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(offsets_, plan.offsets.data(), bytes, cudaMemcpyHostToDevice, s));
+}
+
+DevicePlan::~DevicePlan() {
+  if (offsets_) cudaFreeAsync(offsets_, s_);
+}
+
+Scratch::Scratch(size_t bytes, Stream s) : s_(s) {
+  if (bytes > 0) MOE_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
+}
+
+Scratch::~Scratch() {
+  if (p_) cudaFreeAsync(p_, s_);
+}
+
+void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
+                     DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
+                     GemmImpl impl) {
+  std::vector<Problem> ps, zero_k;
+  build_problems(role, plan, dtype_size(ab), a, b, dtype_size(c_type), c, K, N, ps, zero_k);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (!accumulate && role != GemmRole::wgrad) {
+    // An empty contraction (K = 0 or N = 0) writes C = 0; cuBLAS may return without touching C.
+    // wgrad's empty contractions are the empty groups, which the caller zeroes in one pass.
+    const size_t es = dtype_size(c_type);
+    for (const Problem& p : zero_k) {
+      MOE_CUDA_CHECK(cudaMemset2DAsync(p.c, static_cast<size_t>(p.ldc) * es, 0,
+                                       static_cast<size_t>(p.m) * es, static_cast<size_t>(p.n), s));
+    }
+  }
+  const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
+  switch (impl) {
+    case GemmImpl::grouped:
+      return run_grouped(ps, tab, tc, beta, s);
+    case GemmImpl::loop:
+      return run_loop(ps, tab, tc, beta, s);
+    case GemmImpl::streams:
+      return run_streams(ps, tab, tc, beta, s);
+  }
+}
+
+void bias_epilogue(const GroupPlan& plan, const DevicePlan& dplan, const float* acc,
+                   const void* bias, DType bias_dtype, void* out, DType out_dtype, int64_t N,
+                   Stream s) {
+  zero_tail_rows(plan, out, N, dtype_size(out_dtype), s);
+  if (plan.used == 0 || N == 0) return;
+  dispatch_float2(out_dtype, bias ? bias_dtype : DType::f32, [&](auto to, auto tb) {
+    using TO = decltype(to);
+    using TB = decltype(tb);
+    bias_epilogue_kernel<TO, TB><<<static_cast<unsigned>(plan.used), kThreads, 0, s>>>(
+        acc, static_cast<const TB*>(bias), static_cast<TO*>(out), dplan.offsets(),
+        static_cast<int>(plan.groups()), N);
+  });
+  check_launch();
+}
+
+void group_column_sums(const GroupPlan& plan, const DevicePlan& dplan, const void* src,
+                       DType src_dtype, int64_t N, void* dst, DType dst_dtype, Stream s) {
+  const int64_t G = plan.groups();
+  if (G == 0 || N == 0) return;
+  const dim3 grid(static_cast<unsigned>((N + 31) / 32), static_cast<unsigned>(G));
+  dispatch_float2(src_dtype, dst_dtype, [&](auto ts, auto td) {
+    using TS = decltype(ts);
+    using TD = decltype(td);
+    column_sums_kernel<TS, TD><<<grid, dim3(32, 8), 0, s>>>(
+        static_cast<const TS*>(src), static_cast<TD*>(dst), dplan.offsets(), N);
+  });
+  check_launch();
+}
+
+void zero_empty_groups(const GroupPlan& plan, void* t, int64_t per_group, size_t elem_size,
+                       Stream s) {
+  const int64_t G = plan.groups();
+  const size_t bytes = static_cast<size_t>(per_group) * elem_size;
+  if (bytes == 0) return;
+  for (int64_t g = 0; g < G;) {  // one memset per run of consecutive empty groups
+    if (plan.sizes[g] != 0) {
+      ++g;
+      continue;
+    }
+    int64_t e = g;
+    while (e < G && plan.sizes[e] == 0) ++e;
+    MOE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(t) + g * bytes, 0, (e - g) * bytes, s));
+    g = e;
+  }
+}
+
+void zero_tail_rows(const GroupPlan& plan, void* t, int64_t cols, size_t elem_size, Stream s) {
+  const size_t row = static_cast<size_t>(cols) * elem_size;
+  const int64_t tail = plan.rows - plan.used;
+  if (tail <= 0 || row == 0) return;
+  MOE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(t) + plan.used * row, 0, tail * row, s));
+}
+
+void poison(DeviceTensor& t, Stream s) {
+  t.fill_bytes(0xFF, s);
+}
+
+void fill_hash_uniform(DeviceTensor& t, uint64_t seed, double lo, double hi, Stream s) {
+  if (t.numel() == 0) return;
+  dispatch_float(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    fill_hash_kernel<T>
+        <<<grid_for(t.numel()), kThreads, 0, s>>>(t.data<T>(), t.numel(), seed, lo, hi);
+  });
+  check_launch();
+}
+
+double hash_uniform_value(DType d, uint64_t seed, int64_t index, double lo, double hi) {
+  return round_to(d, lo + (hi - lo) * hash_unit(seed, index));
+}
+
+std::vector<double> gather_values(const DeviceTensor& t, const std::vector<int64_t>& index,
+                                  Stream s) {
+  const int64_t n = static_cast<int64_t>(index.size());
+  std::vector<double> out(index.size());
+  if (n == 0) return out;
+  for (int64_t i : index) {
+    if (i < 0 || i >= t.numel()) {
+      throw std::invalid_argument("index: " + std::to_string(i) + " outside " + t.describe());
+    }
+  }
+  Scratch idx(n * sizeof(int64_t), s), vals(n * sizeof(double), s);
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(idx.get(), index.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+  dispatch_float(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    gather_kernel<T><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+        t.data<T>(), idx.as<int64_t>(), vals.as<double>(), n);
+  });
+  check_launch();
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), vals.get(), n * sizeof(double), cudaMemcpyDeviceToHost, s));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+  return out;
+}
+
+double median_ms(const std::function<void()>& fn, int warmup, int reps, Stream s) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
+  for (auto& e : ev) MOE_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    MOE_CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
+    fn();
+    MOE_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));
+  }
+  MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<float> ms(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    MOE_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return reps > 0 ? ms[ms.size() / 2] : 0.0;
+}
+
+}  // namespace gemm_detail
+
+// ---------------------------------------------------------------------------------------------
+// grouped_gemm
+
+void grouped_gemm_fwd_into(const DeviceTensor& x, const DeviceTensor& w, const GroupPlan& plan,
+                           const DeviceTensor* bias, DeviceTensor& out, Stream s,
+                           const GemmOptions& o) {
+  const GroupedGemmShape sh = validate_plan(x, w, plan, bias);
+  require_shape(out.meta(), {sh.rows, sh.n}, "out");
+  require_same_dtype(out, x.dtype(), "out");
+  if (o.poison) gemm_detail::poison(out, s);
+  if (out.numel() == 0) return;
+  if (!bias) {
+    gemm_detail::zero_tail_rows(plan, out.data(), sh.n, dtype_size(out.dtype()), s);
+    gemm_detail::grouped_product(GemmRole::fwd, plan, x.dtype(), x.data(), w.data(), out.dtype(),
+                                 out.data(), sh.k, sh.n, false, s, o.impl);
+    return;
+  }
+  // rnd_d(sum + bias) with one rounding: fp32 accumulator, then the bias epilogue.
+  Scratch acc(static_cast<size_t>(plan.used * sh.n) * sizeof(float), s);
+  gemm_detail::grouped_product(GemmRole::fwd, plan, x.dtype(), x.data(), w.data(), DType::f32,
+                               acc.get(), sh.k, sh.n, false, s, o.impl);
+  const DevicePlan dplan(plan, s);
+  gemm_detail::bias_epilogue(plan, dplan, acc.as<float>(), bias->data(), bias->dtype(), out.data(),
+                             out.dtype(), sh.n, s);
+}
+
+DeviceTensor grouped_gemm_fwd(const DeviceTensor& x, const DeviceTensor& w,
+                              const DeviceTensor& group_sizes, const DeviceTensor* bias, Stream s,
+                              const GemmOptions& o) {
+  const GroupedGemmShape sh = validate(x, w, group_sizes, bias);
+  const GroupPlan plan = read_group_plan(group_sizes, sh.rows, s);
+  DeviceTensor out(x.dtype(), {sh.rows, sh.n});
+  grouped_gemm_fwd_into(x, w, plan, bias, out, s, o);
+  return out;
+}
+
+void grouped_gemm_bwd_into(const DeviceTensor& grad_out, const DeviceTensor& x,
+                           const DeviceTensor& w, const GroupPlan& plan, const DeviceTensor* bias,
+                           GroupedGemmBwd& out, Stream s, const GemmOptions& o) {
+  const GroupedGemmShape sh = validate_plan(x, w, plan, bias);
+  require_shape(grad_out.meta(), {sh.rows, sh.n}, "grad_out");
+  require_same_dtype(grad_out, x.dtype(), "grad_out");
+  require_shape(out.grad_x.meta(), {sh.rows, sh.k}, "grad_x");
+  require_shape(out.grad_w.meta(), {sh.groups, sh.k, sh.n}, "grad_w");
+  if (bias) {
+    if (!out.grad_bias) throw std::invalid_argument("grad_bias: missing for a biased product");
+    require_shape(out.grad_bias->meta(), {sh.groups, sh.n}, "grad_bias");
+  }
+  if (o.poison) {
+    gemm_detail::poison(out.grad_x, s);
+    gemm_detail::poison(out.grad_w, s);
+    if (out.grad_bias) gemm_detail::poison(*out.grad_bias, s);
+  }
+  const DType d = x.dtype();
+  if (out.grad_x.numel() > 0) {
+    gemm_detail::zero_tail_rows(plan, out.grad_x.data(), sh.k, dtype_size(d), s);
+    gemm_detail::grouped_product(GemmRole::dgrad, plan, d, grad_out.data(), w.data(), d,
+                                 out.grad_x.data(), sh.k, sh.n, false, s, o.impl);
+  }
+  if (out.grad_w.numel() > 0) {
+    // An empty group's gradient is exactly 0 [DECISION]; cuBLAS is never asked to write it.
+    gemm_detail::zero_empty_groups(plan, out.grad_w.data(), sh.k * sh.n, dtype_size(d), s);
+    gemm_detail::grouped_product(GemmRole::wgrad, plan, d, x.data(), grad_out.data(), d,
+                                 out.grad_w.data(), sh.k, sh.n, false, s, o.impl);
+  }
+  if (bias && out.grad_bias->numel() > 0) {
+    const DevicePlan dplan(plan, s);
+    gemm_detail::group_column_sums(plan, dplan, grad_out.data(), d, sh.n, out.grad_bias->data(),
+                                   out.grad_bias->dtype(), s);
+  }
+}
+
+GroupedGemmBwd grouped_gemm_bwd(const DeviceTensor& grad_out, const DeviceTensor& x,
+                                const DeviceTensor& w, const DeviceTensor& group_sizes,
+                                const DeviceTensor* bias, Stream s, const GemmOptions& o) {
+  const GroupedGemmShape sh = validate(x, w, group_sizes, bias);
+  require_shape(grad_out.meta(), {sh.rows, sh.n}, "grad_out");
+  require_same_dtype(grad_out, x.dtype(), "grad_out");
+  const GroupPlan plan = read_group_plan(group_sizes, sh.rows, s);
+  GroupedGemmBwd out;
+  out.grad_x = DeviceTensor(x.dtype(), {sh.rows, sh.k});
+  out.grad_w = DeviceTensor(w.dtype(), {sh.groups, sh.k, sh.n});
+  if (bias) out.grad_bias = DeviceTensor(bias->dtype(), {sh.groups, sh.n});
+  grouped_gemm_bwd_into(grad_out, x, w, plan, bias, out, s, o);
+  return out;
+}
+
+void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
+                Stream s) {
+  require_rank(a.meta(), 2, "a");
+  require_rank(b.meta(), 2, "b");
+  require_rank(c.meta(), 2, "c");
+  require_same_dtype(b, a.dtype(), "b");
+  int64_t M = 0, K = 0, N = 0;
+  switch (role) {
+    case GemmRole::fwd:  // a [M,K], b [K,N], c [M,N]
+      M = a.dim(0), K = a.dim(1), N = b.dim(1);
+      require_shape(b.meta(), {K, N}, "b");
+      require_shape(c.meta(), {M, N}, "c");
+      break;
+    case GemmRole::dgrad:  // a [M,N], b [K,N], c [M,K]
+      M = a.dim(0), N = a.dim(1), K = b.dim(0);
+      require_shape(b.meta(), {K, N}, "b");
+      require_shape(c.meta(), {M, K}, "c");
+      break;
+    case GemmRole::wgrad:  // a [M,K], b [M,N], c [K,N]
+      M = a.dim(0), K = a.dim(1), N = b.dim(1);
+      require_shape(b.meta(), {M, N}, "b");
+      require_shape(c.meta(), {K, N}, "c");
+      break;
+  }
+  const GroupPlan one = make_group_plan({M}, M);
+  gemm_detail::grouped_product(role, one, a.dtype(), a.data(), b.data(), c.dtype(), c.data(), K, N,
+                               false, s, GemmImpl::loop);
+}
+
+}  // namespace moe::gpu

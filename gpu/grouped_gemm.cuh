@@ -1,0 +1,176 @@
+// CUDA twin of reference/grouped_gemm.h: grouped_gemm (SPEC §10.1), forward and backward. Same
+// names and argument order as moe::ref, DeviceTensor in place of Tensor, a trailing Stream (and
+// GemmOptions). No CUDA types here.
+//
+// Math and layouts: see reference/grouped_gemm.h. x [M_total, K_d] d, w [G, K_d, N] d,
+// group_sizes [G] i32/i64 (on the device), bias [G, N] (any float dtype), out [M_total, N] d.
+// Group g owns rows [o_g, o_g + n_g); rows past sum n_g are 0 in out and grad x; an empty group's
+// grad w (and grad bias) is exactly 0.
+//
+// Implementation (chosen by measurement, see docs in ffn_family_gpu.h and the benchmark):
+//   - The products run in cuBLAS with bf16/f16/f32 operands and fp32 accumulation
+//     (CUBLAS_COMPUTE_32F, reduced-precision split-K reductions disallowed, no TF32). Each thread
+//     and stream gets its own handle with its own fixed 32 MiB workspace, so the algorithm cuBLAS
+//     picks, and with it every bit of the result, depends only on the problem: two runs are
+//     bitwise equal (checked by tests/gpu/test_gemm_gpu.cpp).
+//   - cuBLAS takes its problem sizes on the host, so the group sizes are read back once per call
+//     (one small device-to-host copy and a stream synchronisation: read_group_plan). The _into
+//     forms take that plan, so a caller that already holds the sizes (the FFN, whose six products
+//     share one plan; the benchmarks) pays it once or not at all.
+//   - GemmImpl picks how the per-group products are issued: one cublasGemmGroupedBatchedEx call,
+//     one cublasGemmEx per group in order, or per-group calls spread over forked streams.
+//   - Without a bias cuBLAS writes d directly (one rounding of the fp32 accumulator). With a bias
+//     it writes an fp32 buffer and one kernel adds f32(bias[g]) and rounds once, as the SPEC's
+//     rnd_d(sum + bias) asks. grad bias is a deterministic per-group column sum in fp32 (fixed
+//     thread-to-row assignment and a fixed-order tree; no atomics).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "gpu/runtime.cuh"
+#include "harness/core/params/ffn.h"
+
+namespace moe::gpu {
+
+// How the per-group cuBLAS products are issued. All give results within the SPEC §12 bound and
+// are each deterministic; they need not agree bitwise with one another (cuBLAS may pick different
+// kernels for a grouped call and for a single product).
+enum class GemmImpl : uint8_t {
+  grouped,  // one cublasGemmGroupedBatchedEx call over the non-empty groups; products it
+            // cannot take (an fp32 output from 16-bit operands: bias accumulators, the FFN's
+            // grad x; or a pointer not 16-byte aligned, from odd K or N) run as `streams` does
+  loop,     // one cublasGemmEx per non-empty group, in group order on the caller's stream
+  streams,  // one cublasGemmEx per non-empty group, round-robin over 8 forked streams
+};
+std::string_view gemm_impl_name(GemmImpl impl);
+GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
+// The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench).
+GemmImpl default_gemm_impl();
+
+struct GemmOptions {
+  GemmImpl impl = default_gemm_impl();
+  bool poison = false;  // fill every output with 0xFF bytes (NaN) before the launch (tests)
+};
+
+// Host copy of the group sizes, checked as SPEC §10.1 asks (every size >= 0, sum <= rows; a
+// violation throws std::invalid_argument naming group_sizes, like the reference).
+struct GroupPlan {
+  std::vector<int64_t> sizes;    // n_g
+  std::vector<int64_t> offsets;  // o_g, G + 1 entries (offsets[G] = used)
+  int64_t used = 0;              // sum n_g
+  int64_t rows = 0;              // M_total
+  int64_t groups() const { return static_cast<int64_t>(sizes.size()); }
+};
+// One device-to-host copy of group_sizes [G] (i32 or i64) and a synchronisation of s.
+GroupPlan read_group_plan(const DeviceTensor& group_sizes, int64_t rows, Stream s = nullptr);
+// The same plan from host sizes (checked the same way).
+GroupPlan make_group_plan(const std::vector<int64_t>& sizes, int64_t rows);
+
+DeviceTensor grouped_gemm_fwd(const DeviceTensor& x, const DeviceTensor& w,
+                              const DeviceTensor& group_sizes, const DeviceTensor* bias,
+                              Stream s = nullptr, const GemmOptions& o = {});
+// Launch-only form: out [M_total, N] d preallocated; no allocation of outputs, no host sync.
+void grouped_gemm_fwd_into(const DeviceTensor& x, const DeviceTensor& w, const GroupPlan& plan,
+                           const DeviceTensor* bias, DeviceTensor& out, Stream s,
+                           const GemmOptions& o = {});
+
+struct GroupedGemmBwd {
+  DeviceTensor grad_x;                    // [M_total, K_d] d
+  DeviceTensor grad_w;                    // [G, K_d, N] d
+  std::optional<DeviceTensor> grad_bias;  // [G, N] in the bias dtype, iff a bias was given
+};
+// bias is only read for its presence and dtype, as in the reference.
+GroupedGemmBwd grouped_gemm_bwd(const DeviceTensor& grad_out, const DeviceTensor& x,
+                                const DeviceTensor& w, const DeviceTensor& group_sizes,
+                                const DeviceTensor* bias, Stream s = nullptr,
+                                const GemmOptions& o = {});
+void grouped_gemm_bwd_into(const DeviceTensor& grad_out, const DeviceTensor& x,
+                           const DeviceTensor& w, const GroupPlan& plan, const DeviceTensor* bias,
+                           GroupedGemmBwd& out, Stream s, const GemmOptions& o = {});
+
+// Dense baselines for the benchmarks, one cuBLAS product with the same settings and layouts as
+// the grouped ones (row-major, fp32 accumulation, output in c's dtype):
+//   fwd:   c[M,N] = a[M,K] . b[K,N]
+//   dgrad: c[M,K] = a[M,N] . b[K,N]^T
+//   wgrad: c[K,N] = a[M,K]^T . b[M,N]
+enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
+void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
+                Stream s = nullptr);
+
+namespace gemm_detail {
+
+// Plan offsets on the device (int64, G + 1 entries) for kernels that map a row to its group.
+class DevicePlan {
+ public:
+  DevicePlan(const GroupPlan& plan, Stream s);
+  ~DevicePlan();
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+  const int64_t* offsets() const { return offsets_; }
+
+ private:
+  int64_t* offsets_ = nullptr;
+  Stream s_;
+};
+
+// Stream-ordered scratch memory (cudaMallocAsync / cudaFreeAsync on s): no implicit device
+// synchronisation, unlike cudaFree.
+class Scratch {
+ public:
+  Scratch(size_t bytes, Stream s);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  Stream s_;
+};
+
+// The per-group products of one role over a plan (row-major, a/b/c raw device pointers):
+//   fwd:   c[o_g.., N] = a[o_g.., K] . b_g[K, N]
+//   dgrad: c[o_g.., K] = a[o_g.., N] . b_g[K, N]^T
+//   wgrad: c_g[K, N]   = a[o_g.., K]^T . b[o_g.., N]   (empty groups are not written)
+// a and b have dtype ab; c has dtype c_type (ab or f32). accumulate: c += product (else c =).
+void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
+                     DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
+                     GemmImpl impl);
+
+// out[r, :] = rnd_out(acc[r, :] + f32(bias[g(r), :])) for r < used (bias may be null), and 0 for
+// the tail rows [used, rows).
+void bias_epilogue(const GroupPlan& plan, const DevicePlan& dplan, const float* acc,
+                   const void* bias, DType bias_dtype, void* out, DType out_dtype, int64_t N,
+                   Stream s);
+// dst[g, :] = rnd_dst(sum over the rows of group g of f32(src[r, :])); 0 for an empty group.
+void group_column_sums(const GroupPlan& plan, const DevicePlan& dplan, const void* src,
+                       DType src_dtype, int64_t N, void* dst, DType dst_dtype, Stream s);
+// Zeroes the [per_group] elements of every empty group of a [G, ...] tensor.
+void zero_empty_groups(const GroupPlan& plan, void* t, int64_t per_group, size_t elem_size,
+                       Stream s);
+// Zeroes rows [plan.used, plan.rows) of a [rows, cols] tensor.
+void zero_tail_rows(const GroupPlan& plan, void* t, int64_t cols, size_t elem_size, Stream s);
+void poison(DeviceTensor& t, Stream s);
+
+// Benchmark inputs generated on the device as a formula of (seed, index), so huge operands need
+// no host generation and a host check can recompute any element (nccl-tests style):
+// value(i) = rnd_d(lo + (hi - lo) * u), u = top 24 bits of splitmix64(seed + i) / 2^24.
+void fill_hash_uniform(DeviceTensor& t, uint64_t seed, double lo, double hi, Stream s = nullptr);
+double hash_uniform_value(DType d, uint64_t seed, int64_t index, double lo, double hi);
+// Values of t at the given flat indices (one gather kernel and one small copy back).
+std::vector<double> gather_values(const DeviceTensor& t, const std::vector<int64_t>& index,
+                                  Stream s = nullptr);
+// Median time in ms of fn() over reps runs on s (CUDA events around each run, after warmup runs).
+double median_ms(const std::function<void()>& fn, int warmup, int reps, Stream s = nullptr);
+
+}  // namespace gemm_detail
+
+}  // namespace moe::gpu

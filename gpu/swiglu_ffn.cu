@@ -1,0 +1,340 @@
+// CUDA twin of reference/swiglu_ffn.cpp: swiglu_expert_ffn (SPEC §10.2). Plan:
+// gpu/swiglu_ffn.cuh.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "gpu/device_util.cuh"
+#include "gpu/swiglu_ffn.cuh"
+
+namespace moe::gpu {
+
+namespace {
+
+using gemm_detail::DevicePlan;
+using gemm_detail::Scratch;
+
+constexpr int kThreads = 256;
+
+// Float dtype codes for values read through load_f32 (biases of any float dtype).
+int float_kind(DType d) {
+  switch (d) {
+    case DType::f32:
+      return 0;
+    case DType::bf16:
+      return 1;
+    case DType::f16:
+      return 2;
+    default:
+      break;
+  }
+  throw std::invalid_argument("swiglu_expert_ffn: unsupported bias dtype " +
+                              std::string(dtype_name(d)));
+}
+
+__device__ __forceinline__ float load_f32(const void* p, int kind, int64_t i) {
+  switch (kind) {
+    case 1:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case 2:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ int group_of(const int64_t* offsets, int G, int64_t r) {
+  int lo = 0, hi = G;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (offsets[mid] > r) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo - 1;
+}
+
+// act and act' in fp32 (silu'(x) = s(x) (1 + x (1 - s(x)))), the reference's formulas.
+__device__ __forceinline__ float act_value(bool silu, float x) {
+  if (!silu) return x;
+  const float s = 1.0f / (1.0f + expf(-x));
+  return x * s;
+}
+
+__device__ __forceinline__ float act_grad(bool silu, float x) {
+  if (!silu) return 1.0f;
+  const float s = 1.0f / (1.0f + expf(-x));
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// One block per grouped row. A projection with a bias arrives as an fp32 accumulator (acc != null):
+// its value is rnd_d(acc + bias[g]) and is stored; otherwise cuBLAS already stored it in d. Then
+// inter = rnd_d(act(gate) * up) from the rounded values.
+template <class T>
+__global__ void act_fwd_kernel(const float* __restrict__ acc0, const void* __restrict__ b0,
+                               int b0_kind, const float* __restrict__ acc1,
+                               const void* __restrict__ b1, int b1_kind, T* __restrict__ gate,
+                               T* __restrict__ up, T* __restrict__ inter,
+                               const int64_t* __restrict__ offsets, int G, int64_t M, bool silu) {
+  const int64_t r = blockIdx.x;
+  const int64_t g = (b0 || b1) ? group_of(offsets, G, r) : 0;
+  for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+    const int64_t i = r * M + j;
+    float gv, uv;
+    if (acc0) {
+      const T t = from_f32<T>(acc0[i] + (b0 ? load_f32(b0, b0_kind, g * M + j) : 0.0f));
+      gate[i] = t;
+      gv = to_f32(t);
+    } else {
+      gv = to_f32(gate[i]);
+    }
+    if (acc1) {
+      const T t = from_f32<T>(acc1[i] + (b1 ? load_f32(b1, b1_kind, g * M + j) : 0.0f));
+      up[i] = t;
+      uv = to_f32(t);
+    } else {
+      uv = to_f32(up[i]);
+    }
+    inter[i] = from_f32<T>(act_value(silu, gv) * uv);
+  }
+}
+
+// d_up = rnd_d(d_inter * act(gate)), d_gate = rnd_d(act'(gate) * (d_inter * up)), elementwise
+// over the grouped rows.
+template <class T>
+__global__ void act_bwd_kernel(const T* __restrict__ d_inter, const T* __restrict__ gate,
+                               const T* __restrict__ up, T* __restrict__ d_gate,
+                               T* __restrict__ d_up, int64_t n, bool silu) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float di = to_f32(d_inter[i]), gv = to_f32(gate[i]), uv = to_f32(up[i]);
+    d_up[i] = from_f32<T>(di * act_value(silu, gv));
+    d_gate[i] = from_f32<T>(act_grad(silu, gv) * (di * uv));
+  }
+}
+
+int grid_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 132 * 16));
+}
+
+const TensorMeta* meta_or_null(const DeviceTensor* t, TensorMeta& store) {
+  if (!t) return nullptr;
+  store = t->meta();
+  return &store;
+}
+
+FfnShape validate(const DeviceTensor& x, const TensorMeta& gs, const FfnWeights& w) {
+  TensorMeta b0, b1, bo;
+  return validate_swiglu_expert_ffn(x.meta(), gs, w.wi_0.meta(), w.wi_1.meta(), w.wo.meta(),
+                                    meta_or_null(w.wi_0_bias, b0), meta_or_null(w.wi_1_bias, b1),
+                                    meta_or_null(w.wo_bias, bo));
+}
+
+FfnShape validate_plan(const DeviceTensor& x, const GroupPlan& plan, const FfnWeights& w) {
+  const FfnShape sh = validate(x, TensorMeta{DType::i64, {plan.groups()}}, w);
+  if (plan.rows != sh.rows) {
+    throw std::invalid_argument("group_sizes: the plan is for " + std::to_string(plan.rows) +
+                                " rows, x has " + std::to_string(sh.rows));
+  }
+  return sh;
+}
+
+void require_tensor(const DeviceTensor& t, DType d, const Shape& shape, const char* what) {
+  require_shape(t.meta(), shape, what);
+  if (t.dtype() != d) {
+    throw std::invalid_argument(std::string(what) + ": dtype " +
+                                std::string(dtype_name(t.dtype())) + ", expected " +
+                                std::string(dtype_name(d)));
+  }
+}
+
+void require_bias_grad(const std::optional<DeviceTensor>& g, const DeviceTensor* bias,
+                       const char* what) {
+  if (!bias) return;
+  if (!g) throw std::invalid_argument(std::string(what) + ": missing for a given bias");
+  require_tensor(*g, bias->dtype(), bias->shape(), what);
+}
+
+}  // namespace
+
+void swiglu_expert_ffn_fwd_into(const DeviceTensor& x, const GroupPlan& plan, const FfnWeights& w,
+                                Activation act, SwigluFfnFwd& out, Stream s, const GemmOptions& o) {
+  const FfnShape sh = validate_plan(x, plan, w);
+  const DType d = x.dtype();
+  require_tensor(out.out, d, {sh.rows, sh.hidden}, "out");
+  require_tensor(out.gate_proj, d, {sh.rows, sh.inter}, "gate_proj");
+  require_tensor(out.up_proj, d, {sh.rows, sh.inter}, "up_proj");
+  require_tensor(out.intermediate, d, {sh.rows, sh.inter}, "intermediate");
+  if (o.poison) {
+    for (DeviceTensor* t : {&out.out, &out.gate_proj, &out.up_proj, &out.intermediate}) {
+      gemm_detail::poison(*t, s);
+    }
+  }
+  const size_t es = dtype_size(d);
+  for (DeviceTensor* t : {&out.gate_proj, &out.up_proj, &out.intermediate}) {
+    gemm_detail::zero_tail_rows(plan, t->data(), sh.inter, es, s);
+  }
+  if (plan.used > 0 && sh.inter > 0) {
+    // A biased projection goes through an fp32 accumulator so bias and rounding happen once, in
+    // the activation kernel; an unbiased one is written in d by cuBLAS.
+    const size_t acc_bytes = static_cast<size_t>(plan.used * sh.inter) * sizeof(float);
+    Scratch acc0(w.wi_0_bias ? acc_bytes : 0, s), acc1(w.wi_1_bias ? acc_bytes : 0, s);
+    gemm_detail::grouped_product(
+        GemmRole::fwd, plan, d, x.data(), w.wi_0.data(), w.wi_0_bias ? DType::f32 : d,
+        w.wi_0_bias ? acc0.get() : out.gate_proj.data(), sh.hidden, sh.inter, false, s, o.impl);
+    gemm_detail::grouped_product(
+        GemmRole::fwd, plan, d, x.data(), w.wi_1.data(), w.wi_1_bias ? DType::f32 : d,
+        w.wi_1_bias ? acc1.get() : out.up_proj.data(), sh.hidden, sh.inter, false, s, o.impl);
+    const DevicePlan dplan(plan, s);
+    const bool silu = act == Activation::silu;
+    dispatch_float(d, [&](auto tag) {
+      using T = decltype(tag);
+      act_fwd_kernel<T><<<static_cast<unsigned>(plan.used), kThreads, 0, s>>>(
+          acc0.as<float>(), w.wi_0_bias ? w.wi_0_bias->data() : nullptr,
+          w.wi_0_bias ? float_kind(w.wi_0_bias->dtype()) : 0, acc1.as<float>(),
+          w.wi_1_bias ? w.wi_1_bias->data() : nullptr,
+          w.wi_1_bias ? float_kind(w.wi_1_bias->dtype()) : 0, out.gate_proj.data<T>(),
+          out.up_proj.data<T>(), out.intermediate.data<T>(), dplan.offsets(),
+          static_cast<int>(plan.groups()), sh.inter, silu);
+    });
+    MOE_CUDA_CHECK(cudaGetLastError());
+  }
+  GemmOptions inner = o;
+  inner.poison = false;
+  grouped_gemm_fwd_into(out.intermediate, w.wo, plan, w.wo_bias, out.out, s, inner);
+}
+
+SwigluFfnFwd swiglu_expert_ffn_fwd(const DeviceTensor& x, const DeviceTensor& group_sizes,
+                                   const FfnWeights& w, Activation act, Stream s,
+                                   const GemmOptions& o) {
+  const FfnShape sh = validate(x, group_sizes.meta(), w);
+  const GroupPlan plan = read_group_plan(group_sizes, sh.rows, s);
+  const DType d = x.dtype();
+  SwigluFfnFwd out{DeviceTensor(d, {sh.rows, sh.hidden}), DeviceTensor(d, {sh.rows, sh.inter}),
+                   DeviceTensor(d, {sh.rows, sh.inter}), DeviceTensor(d, {sh.rows, sh.inter})};
+  swiglu_expert_ffn_fwd_into(x, plan, w, act, out, s, o);
+  return out;
+}
+
+void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor& x,
+                                const GroupPlan& plan, const FfnWeights& w,
+                                const DeviceTensor& gate_proj, const DeviceTensor& up_proj,
+                                const DeviceTensor& intermediate, Activation act, SwigluFfnBwd& out,
+                                Stream s, const GemmOptions& o) {
+  const FfnShape sh = validate_plan(x, plan, w);
+  const DType d = x.dtype();
+  const int64_t R = sh.rows, H = sh.hidden, M = sh.inter, G = sh.groups;
+  require_tensor(grad_out, d, {R, H}, "grad_out");
+  require_tensor(gate_proj, d, {R, M}, "gate_proj");
+  require_tensor(up_proj, d, {R, M}, "up_proj");
+  require_tensor(intermediate, d, {R, M}, "intermediate");
+  require_tensor(out.grad_x, d, {R, H}, "grad_x");
+  require_tensor(out.grad_wi_0, d, {G, H, M}, "grad_wi_0");
+  require_tensor(out.grad_wi_1, d, {G, H, M}, "grad_wi_1");
+  require_tensor(out.grad_wo, d, {G, M, H}, "grad_wo");
+  require_tensor(out.d_gate, d, {R, M}, "d_gate");
+  require_tensor(out.d_up, d, {R, M}, "d_up");
+  require_bias_grad(out.grad_wi_0_bias, w.wi_0_bias, "grad_wi_0_bias");
+  require_bias_grad(out.grad_wi_1_bias, w.wi_1_bias, "grad_wi_1_bias");
+  require_bias_grad(out.grad_wo_bias, w.wo_bias, "grad_wo_bias");
+  std::optional<DeviceTensor>* bias_grads[] = {&out.grad_wi_0_bias, &out.grad_wi_1_bias,
+                                               &out.grad_wo_bias};
+  if (o.poison) {
+    for (DeviceTensor* t :
+         {&out.grad_x, &out.grad_wi_0, &out.grad_wi_1, &out.grad_wo, &out.d_gate, &out.d_up}) {
+      gemm_detail::poison(*t, s);
+    }
+    for (auto* g : bias_grads) {
+      if (*g) gemm_detail::poison(**g, s);
+    }
+  }
+  const size_t es = dtype_size(d);
+  const GemmImpl impl = o.impl;
+  const DevicePlan dplan(plan, s);
+
+  // Output projection: d_inter (stored in d between stages, SPEC §10.2), grad wo, grad bo.
+  Scratch d_inter(static_cast<size_t>(plan.used * M) * es, s);
+  gemm_detail::grouped_product(GemmRole::dgrad, plan, d, grad_out.data(), w.wo.data(), d,
+                               d_inter.get(), M, H, false, s, impl);
+  gemm_detail::zero_empty_groups(plan, out.grad_wo.data(), M * H, es, s);
+  gemm_detail::grouped_product(GemmRole::wgrad, plan, d, intermediate.data(), grad_out.data(), d,
+                               out.grad_wo.data(), M, H, false, s, impl);
+  if (w.wo_bias) {
+    gemm_detail::group_column_sums(plan, dplan, grad_out.data(), d, H, out.grad_wo_bias->data(),
+                                   out.grad_wo_bias->dtype(), s);
+  }
+
+  // Activation backward over the grouped rows; tail rows of the stage values are 0.
+  gemm_detail::zero_tail_rows(plan, out.d_gate.data(), M, es, s);
+  gemm_detail::zero_tail_rows(plan, out.d_up.data(), M, es, s);
+  const int64_t n = plan.used * M;
+  if (n > 0) {
+    const bool silu = act == Activation::silu;
+    dispatch_float(d, [&](auto tag) {
+      using T = decltype(tag);
+      act_bwd_kernel<T><<<grid_for(n), kThreads, 0, s>>>(d_inter.as<T>(), gate_proj.data<T>(),
+                                                         up_proj.data<T>(), out.d_gate.data<T>(),
+                                                         out.d_up.data<T>(), n, silu);
+    });
+    MOE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // grad x = rnd_d(d_gate wi_0^T + d_up wi_1^T): both products accumulate in one fp32 buffer.
+  if (out.grad_x.numel() > 0) {
+    Scratch acc(static_cast<size_t>(plan.used * H) * sizeof(float), s);
+    gemm_detail::grouped_product(GemmRole::dgrad, plan, d, out.d_gate.data(), w.wi_0.data(),
+                                 DType::f32, acc.get(), H, M, false, s, impl);
+    gemm_detail::grouped_product(GemmRole::dgrad, plan, d, out.d_up.data(), w.wi_1.data(),
+                                 DType::f32, acc.get(), H, M, true, s, impl);
+    gemm_detail::bias_epilogue(plan, dplan, acc.as<float>(), nullptr, DType::f32, out.grad_x.data(),
+                               d, H, s);
+  }
+
+  // Input projections' weight and bias gradients.
+  gemm_detail::zero_empty_groups(plan, out.grad_wi_0.data(), H * M, es, s);
+  gemm_detail::zero_empty_groups(plan, out.grad_wi_1.data(), H * M, es, s);
+  gemm_detail::grouped_product(GemmRole::wgrad, plan, d, x.data(), out.d_gate.data(), d,
+                               out.grad_wi_0.data(), H, M, false, s, impl);
+  gemm_detail::grouped_product(GemmRole::wgrad, plan, d, x.data(), out.d_up.data(), d,
+                               out.grad_wi_1.data(), H, M, false, s, impl);
+  if (w.wi_0_bias) {
+    gemm_detail::group_column_sums(plan, dplan, out.d_gate.data(), d, M, out.grad_wi_0_bias->data(),
+                                   out.grad_wi_0_bias->dtype(), s);
+  }
+  if (w.wi_1_bias) {
+    gemm_detail::group_column_sums(plan, dplan, out.d_up.data(), d, M, out.grad_wi_1_bias->data(),
+                                   out.grad_wi_1_bias->dtype(), s);
+  }
+}
+
+SwigluFfnBwd swiglu_expert_ffn_bwd(const DeviceTensor& grad_out, const DeviceTensor& x,
+                                   const DeviceTensor& group_sizes, const FfnWeights& w,
+                                   const DeviceTensor& gate_proj, const DeviceTensor& up_proj,
+                                   const DeviceTensor& intermediate, Activation act, Stream s,
+                                   const GemmOptions& o) {
+  const FfnShape sh = validate(x, group_sizes.meta(), w);
+  const DType d = x.dtype();
+  const int64_t R = sh.rows, H = sh.hidden, M = sh.inter, G = sh.groups;
+  require_tensor(grad_out, d, {R, H}, "grad_out");
+  const GroupPlan plan = read_group_plan(group_sizes, R, s);
+  SwigluFfnBwd out{DeviceTensor(d, {R, H}),
+                   DeviceTensor(d, {G, H, M}),
+                   DeviceTensor(d, {G, H, M}),
+                   DeviceTensor(d, {G, M, H}),
+                   std::nullopt,
+                   std::nullopt,
+                   std::nullopt,
+                   DeviceTensor(d, {R, M}),
+                   DeviceTensor(d, {R, M})};
+  if (w.wi_0_bias) out.grad_wi_0_bias = DeviceTensor(w.wi_0_bias->dtype(), {G, M});
+  if (w.wi_1_bias) out.grad_wi_1_bias = DeviceTensor(w.wi_1_bias->dtype(), {G, M});
+  if (w.wo_bias) out.grad_wo_bias = DeviceTensor(w.wo_bias->dtype(), {G, H});
+  swiglu_expert_ffn_bwd_into(grad_out, x, plan, w, gate_proj, up_proj, intermediate, act, out, s,
+                             o);
+  return out;
+}
+
+}  // namespace moe::gpu
