@@ -1,6 +1,8 @@
 // CPU reference of aux_loss_scores (SPEC §2) and moe_aux_loss (SPEC §3).
 #include "reference/aux_loss.h"
 
+#include "harness/core/score_fn.h"
+
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
@@ -52,6 +54,12 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
       case ScoreFunction::sigmoid:
         u = x.unaryExpr([](double v) { return sigmoid_d(v); });
         sc = u / (u.sum() + kEps);
+        // saved: the fp32 sigmoid the kernel saves (score_fn.h); the backward's a(1 - a)
+        // amplifies ulp differences of a near 1.
+        if (r == Rounding::to_dtype) {
+          u = x.unaryExpr(
+              [](double v) { return double(score::sigmoid_f32(static_cast<float>(v))); });
+        }
         break;
       case ScoreFunction::sqrtsoftplus: {
         const ArrayXd y = x.unaryExpr([](double v) { return std::sqrt(sp_d(v)); });

@@ -138,7 +138,9 @@ void post_process(const Tensor& logits, const RowScores& r, const std::vector<in
         ArrayXd ex(E);
         for (int64_t e = 0; e < E; ++e) ex[e] = std::exp(xd[e] - m);
         const ArrayXd s = ex / ex.sum();
-        for (int64_t e = 0; e < E; ++e) saved.set(t, e, s[e]);
+        // saved: the fp32 score of step 1, as the kernel saves it (same order of fp32 sums).
+        for (int64_t e = 0; e < E; ++e)
+          saved.set(t, e, rnd == Rounding::to_dtype ? double(r.s[e]) : s[e]);
         for (int64_t k = 0; k < K; ++k) pe[k] = s[S[k]];
       } else {
         double m = -INFINITY;
@@ -153,7 +155,12 @@ void post_process(const Tensor& logits, const RowScores& r, const std::vector<in
     case ScoreFunction::sigmoid:
     case ScoreFunction::sqrtsoftplus: {
       const bool sig = p.score_function == ScoreFunction::sigmoid;
-      for (int64_t e = 0; e < E; ++e) saved.set(t, e, sig ? sigmoid_d(xd[e]) : xd[e]);
+      // saved_scores is the fp32 score of §1.2 step 1 (score_fn.h, bitwise the kernel's); the
+      // sigmoid backward's a(1 - a) amplifies any ulp difference in a near a = 1.
+      for (int64_t e = 0; e < E; ++e) {
+        const double exact = sig ? sigmoid_d(xd[e]) : xd[e];
+        saved.set(t, e, sig && rnd == Rounding::to_dtype ? double(r.s[e]) : exact);
+      }
       for (int64_t k = 0; k < K; ++k) {
         const int e = S[k];
         // v_e as the kernel forms it (§1.2 step 4): the fp32 score, unbiased as fl(fl(s + b) - b)
