@@ -411,19 +411,34 @@ TEST_P(GemmGpu, LargerShapesAreBitwiseDeterministic) {
   EXPECT_TRUE(zero_tail_and_empty_groups(in, a).empty()) << c.line();
 }
 
-TEST_P(GemmGpu, SmallIntegerInputsGiveExactResults) {
+INSTANTIATE_TEST_SUITE_P(Ffn, GemmGpu,
+                         ::testing::Combine(::testing::Values("grouped_gemm", "swiglu_expert_ffn"),
+                                            ::testing::ValuesIn(kImpls)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+// Grouped GEMM alone (silu makes the FFN inexact on integers), per GemmImpl.
+class GroupedGemmGpu : public ::testing::TestWithParam<const char*> {
+ protected:
+  Case with_impl(Case c) const { return c.set("impl", std::string(GetParam())); }
+};
+
+TEST_P(GroupedGemmGpu, SmallIntegerInputsGiveExactResults) {
   MOE_SKIP_WITHOUT_GPU();
-  const OpInfo& o = op();
-  if (o.name != "grouped_gemm") GTEST_SKIP() << "silu is not exact on integers";
-  // Generated cases, the named ones and a multi-tile shape, all with integer values.
-  for (const Case& m : medium_cases(o.name)) {
+  const OpInfo& o = *find_op("grouped_gemm");
+  // The multi-tile shapes, the named cases and generated ones, all with integer values.
+  std::vector<Case> cases = medium_cases(o.name);
+  for (Case& n : o.named()) cases.push_back(std::move(n));
+  for (const Case& m : cases) {
     const Case c = with_impl(m).set("values", "small_int");
     const TensorMap in = o.make_inputs(c);
     const Report r = exact_report(o.reference(c, in, false), o.gpu(c, in));
     EXPECT_TRUE(r.ok()) << failure(c, r);
   }
-  const bool ok =
-      rc::check("grouped_gemm [" + impl() + "]: small integers give exact results", [&] {
+  const bool ok = rc::check(
+      std::string("grouped_gemm [") + GetParam() + "]: small integers give exact results", [&] {
         const Case c = with_impl(*o.gen()).set("values", "small_int");
         RC_TAG(std::string(regime_name(c.regime)));
         const TensorMap in = o.make_inputs(c);
@@ -433,13 +448,8 @@ TEST_P(GemmGpu, SmallIntegerInputsGiveExactResults) {
   EXPECT_TRUE(ok);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, GemmGpu,
-                         ::testing::Combine(::testing::Values("grouped_gemm", "swiglu_expert_ffn"),
-                                            ::testing::ValuesIn(kImpls)),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(Gemm, GroupedGemmGpu, ::testing::ValuesIn(kImpls),
+                         [](const auto& info) { return std::string(info.param); });
 
 // --- errors -------------------------------------------------------------------------------------
 
