@@ -7,7 +7,7 @@
 // Group g owns rows [o_g, o_g + n_g); rows past sum n_g are 0 in out and grad x; an empty group's
 // grad w (and grad bias) is exactly 0.
 //
-// Implementation (chosen by measurement, see docs in ffn_family_gpu.h and the benchmark):
+// Implementation (chosen by measurement: GemmBench in tests/gpu/test_gemm_gpu.cpp):
 //   - The products run in cuBLAS with bf16/f16/f32 operands and fp32 accumulation
 //     (CUBLAS_COMPUTE_32F, reduced-precision split-K reductions disallowed, no TF32). Each thread
 //     and stream gets its own handle with its own fixed 32 MiB workspace, so the algorithm cuBLAS
@@ -15,10 +15,20 @@
 //     bitwise equal (checked by tests/gpu/test_gemm_gpu.cpp).
 //   - cuBLAS takes its problem sizes on the host, so the group sizes are read back once per call
 //     (one small device-to-host copy and a stream synchronisation: read_group_plan). The _into
-//     forms take that plan, so a caller that already holds the sizes (the FFN, whose six products
-//     share one plan; the benchmarks) pays it once or not at all.
-//   - GemmImpl picks how the per-group products are issued: one cublasGemmGroupedBatchedEx call,
-//     one cublasGemmEx per group in order, or per-group calls spread over forked streams.
+//     forms take that plan, so a caller that already holds the sizes (the FFN, whose nine products
+//     share one plan; the benchmarks) pays it once or not at all. On an H100 the read-back added
+//     under 0.5 ms to a 5 ms forward (mostly the pipeline drain before the copy).
+//   - GemmImpl picks how the per-group products are issued. H100, bf16, forward TFLOP/s, and the
+//     share of one dense cuBLAS GEMM of equal FLOPs measured in the same run:
+//       case (rows x K x N, G)               grouped     loop   streams     dense
+//       Mixtral-like 32768x4096x14336, 8     274 (37%)   694    737 (99%)   742   uniform
+//                                            276 (38%)   787    777 (107%)  726   skewed
+//       DeepSeek-like 65536x7168x2048, 256   252 (32%)   334    338 (43%)   791   uniform
+//                                            250 (32%)   352    429 (54%)   791   skewed
+//     so `streams` is the default; cublasGemmGroupedBatchedEx is the slowest everywhere. At
+//     DeepSeek's ~256 rows per group one cuBLAS product fills few SMs and 8 streams do not make up
+//     for it: dense speed there needs a grouped kernel of our own with a device-side tile
+//     scheduler (which could also read the group sizes on the device, without the sync).
 //   - Without a bias cuBLAS writes d directly (one rounding of the fp32 accumulator). With a bias
 //     it writes an fp32 buffer and one kernel adds f32(bias[g]) and rounds once, as the SPEC's
 //     rnd_d(sum + bias) asks. grad bias is a deterministic per-group column sum in fp32 (fixed

@@ -20,6 +20,9 @@
 //                                                                      in one fp32 buffer,
 //                                                                      rounded once
 //             grad wi_0 = rnd(x^T d_gate), grad wi_1 = rnd(x^T d_up), grad b0/b1 = column sums
+// Measured on an H100 (bf16, default GemmImpl::streams, GemmBench): Mixtral-like (32768 rows,
+// H 4096, M 14336, 8 experts) 594-624 TFLOP/s forward, 624-638 forward+backward; DeepSeek-like
+// (65536 rows, H 7168, M 2048, 256 experts) 320-419 forward, 356-363 forward+backward.
 // act and act' run in fp32 from the rounded gate and up values [DECISION of SPEC §10.2]. Tail rows
 // of every output, and the weight and bias gradients of empty groups, are exactly 0.
 #pragma once
