@@ -3,7 +3,6 @@
 #include "gpu/topk_router.cuh"
 
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -25,14 +24,6 @@ int grid_for_rows(int64_t rows, int rows_per_block) {
   }();
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
   return static_cast<int>(need < cap ? need : cap);
-}
-
-int router_min_blocks() {
-  static const int v = [] {
-    const char* e = std::getenv("MOE_ROUTER_MINBLOCKS");
-    return e != nullptr && std::atoi(e) == 4 ? 4 : 1;
-  }();
-  return v;
 }
 
 }  // namespace rowk
