@@ -301,4 +301,23 @@ void InProcessCommunicator::all_to_all_i32(const std::vector<AllToAllI32Rank>& r
   check_launch("a2a_i32_kernel");
 }
 
+void InProcessCommunicator::all_gather(const std::vector<AllGatherRank>& ranks, int64_t bytes,
+                                       Stream s) {
+  const int P = size_;
+  std::vector<int> ids;
+  for (const auto& r : ranks) ids.push_back(r.rank);
+  check_rank_list(ids, P);
+  if (bytes < 0) throw std::invalid_argument("bytes: must be >= 0, got " + std::to_string(bytes));
+  if (bytes == 0) return;
+  for (const AllGatherRank& r : ranks) {
+    if (!r.send || !r.recv) throw std::invalid_argument("all_gather: null send or recv buffer");
+  }
+  for (const AllGatherRank& r : ranks) {
+    for (int j = 0; j < P; ++j) {
+      MOE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(r.recv) + j * bytes, ranks[j].send,
+                                     static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s));
+    }
+  }
+}
+
 }  // namespace moe::gpu

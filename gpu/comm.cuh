@@ -44,6 +44,16 @@ struct AllToAllI32Rank {
   int32_t* recv = nullptr;        // [P*count]
 };
 
+// One rank's arguments to an all-gather of `bytes` per rank:
+//   recv_r[j*bytes : (j+1)*bytes] = send_j[0 : bytes)
+// The moe_block uses it for everything global under EP across processes: the aux loss's logits,
+// y, the routing map and probs, grad x and the per-shard gate-kernel gradients.
+struct AllGatherRank {
+  int rank = 0;
+  const void* send = nullptr;  // [bytes]
+  void* recv = nullptr;        // [P*bytes]
+};
+
 // Faults of a ragged all-to-all, raised through the device error flag (codes disjoint from
 // PermFault). Values are packed: pair(x, y) = x << 20 | y, two int32 v1, v2 as v1 << 32 | v2.
 enum class A2AFault : int32_t {
@@ -76,6 +86,9 @@ class Communicator {
   // Uniform exchange of count int32 per peer (small control data: offsets).
   virtual void all_to_all_i32(const std::vector<AllToAllI32Rank>& ranks, int64_t count,
                               Stream s) = 0;
+  // All-gather of equal byte blocks (pure data movement, so bitwise the same on every
+  // implementation). Stream-ordered; no sync.
+  virtual void all_gather(const std::vector<AllGatherRank>& ranks, int64_t bytes, Stream s) = 0;
 };
 
 // P simulated ranks whose buffers all live on the current GPU.
@@ -88,6 +101,7 @@ class InProcessCommunicator final : public Communicator {
   void ragged_all_to_all(const std::vector<RaggedA2ARank>& ranks, int64_t row_bytes, void* err,
                          Stream s) override;
   void all_to_all_i32(const std::vector<AllToAllI32Rank>& ranks, int64_t count, Stream s) override;
+  void all_gather(const std::vector<AllGatherRank>& ranks, int64_t bytes, Stream s) override;
 
  private:
   int size_;

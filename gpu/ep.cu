@@ -139,9 +139,18 @@ std::vector<TensorMeta> metas(const std::vector<DeviceTensor>& v) {
   return m;
 }
 
+// Copies of a one-rank list for all P ranks: with one process per rank (NCCL) every rank holds
+// tensors of this rank's shapes (SPMD), so the host checks see the local metadata for every rank.
+std::vector<TensorMeta> for_all_ranks(std::vector<TensorMeta> v, int64_t P) {
+  if (v.size() == 1 && P > 1) v.assign(static_cast<size_t>(P), v[0]);
+  return v;
+}
+
 void validate_params(const std::vector<RaggedA2AParams>& params,
-                     const std::vector<TensorMeta>& operand, const std::vector<TensorMeta>& output,
-                     int64_t P) {
+                     const std::vector<TensorMeta>& operand_local,
+                     const std::vector<TensorMeta>& output_local, int64_t P) {
+  const std::vector<TensorMeta> operand = for_all_ranks(operand_local, P);
+  const std::vector<TensorMeta> output = for_all_ranks(output_local, P);
   std::vector<TensorMeta> io, ss, oo, rs;
   for (const RaggedA2AParams& p : params) {
     io.push_back(p.input_offsets.meta());
@@ -153,15 +162,19 @@ void validate_params(const std::vector<RaggedA2AParams>& params,
     require_i32(p.output_offsets, "output_offsets");
     require_i32(p.recv_sizes, "recv_sizes");
   }
-  validate_ragged_all_to_all(operand, output, io, ss, oo, rs, P);
+  validate_ragged_all_to_all(operand, output, for_all_ranks(io, P), for_all_ranks(ss, P),
+                             for_all_ranks(oo, P), for_all_ranks(rs, P), P);
 }
 
-void check_rank_count(const Communicator& comm, size_t n) {
-  if (static_cast<int64_t>(n) != comm.size()) {
-    throw std::invalid_argument("num_ep: " + str(static_cast<int64_t>(n)) +
-                                " parameter sets for a communicator of " + str(comm.size()) +
-                                " ranks");
+// The ranks this process drives (all P in process, one under NCCL): one parameter set each.
+std::vector<int> local_rank_ids(const Communicator& comm, size_t n) {
+  std::vector<int> ranks = comm.local_ranks();
+  if (n != ranks.size()) {
+    throw std::invalid_argument(
+        "num_ep: " + str(static_cast<int64_t>(n)) + " parameter sets for a communicator of " +
+        str(comm.size()) + " ranks driving " + str(static_cast<int64_t>(ranks.size())) + " here");
   }
+  return ranks;
 }
 
 int64_t row_bytes_2d(const TensorMeta& m) {
@@ -199,12 +212,18 @@ std::vector<DeviceTensor> ragged_all_to_all_fwd(Communicator& comm,
                                                 const std::vector<DeviceTensor>& output_init,
                                                 const std::vector<RaggedA2AParams>& params,
                                                 Stream s, const RunOptions& o) {
-  check_rank_count(comm, params.size());
-  const int64_t P = comm.size();
+  const std::vector<int> ids = local_rank_ids(comm, params.size());
+  const int64_t P = comm.size(), n = static_cast<int64_t>(ids.size());
+  if (static_cast<int64_t>(operand.size()) != n || static_cast<int64_t>(output_init.size()) != n) {
+    throw std::invalid_argument("operand: expected one tensor per local rank (" + str(n) +
+                                "), got " + str(static_cast<int64_t>(operand.size())) +
+                                " operands and " + str(static_cast<int64_t>(output_init.size())) +
+                                " outputs");
+  }
   validate_params(params, metas(operand), metas(output_init), P);
   const int64_t R_in = operand[0].dim(0), R_out = output_init[0].dim(0);
   std::vector<DeviceTensor> result;
-  for (int64_t d = 0; d < P; ++d) {
+  for (int64_t d = 0; d < n; ++d) {
     result.emplace_back(output_init[d].dtype(), output_init[d].shape());
     if (result[d].nbytes() > 0) {
       MOE_CUDA_CHECK(cudaMemcpyAsync(result[d].data(), output_init[d].data(), result[d].nbytes(),
@@ -212,8 +231,8 @@ std::vector<DeviceTensor> ragged_all_to_all_fwd(Communicator& comm,
     }
   }
   std::vector<RaggedA2ARank> ranks;
-  for (int64_t r = 0; r < P; ++r) {
-    ranks.push_back({static_cast<int>(r), operand[r].data(), R_in, result[r].data(), R_out,
+  for (int64_t r = 0; r < n; ++r) {
+    ranks.push_back({ids[r], operand[r].data(), R_in, result[r].data(), R_out,
                      params[r].input_offsets.data<int32_t>(), params[r].send_sizes.data<int32_t>(),
                      params[r].output_offsets.data<int32_t>(),
                      params[r].recv_sizes.data<int32_t>()});
@@ -229,49 +248,49 @@ std::vector<DeviceTensor> ragged_all_to_all_bwd(Communicator& comm,
                                                 const std::vector<RaggedA2AParams>& params,
                                                 int64_t operand_rows, Stream s,
                                                 const RunOptions& o) {
-  check_rank_count(comm, params.size());
-  const int64_t P = comm.size();
+  const std::vector<int> ids = local_rank_ids(comm, params.size());
+  const int64_t P = comm.size(), n = static_cast<int64_t>(ids.size());
   if (operand_rows < 0) {
     throw std::invalid_argument("operand_rows: must be >= 0, got " + str(operand_rows));
   }
-  if (static_cast<int64_t>(grad_result.size()) != P || grad_result.empty() ||
+  if (static_cast<int64_t>(grad_result.size()) != n || grad_result.empty() ||
       grad_result[0].rank() != 2) {
-    throw std::invalid_argument("grad_result: expected one [R_out, H] tensor per rank");
+    throw std::invalid_argument("grad_result: expected one [R_out, H] tensor per local rank");
   }
   const TensorMeta op_meta{grad_result[0].dtype(), {operand_rows, grad_result[0].dim(1)}};
-  validate_params(params, std::vector<TensorMeta>(P, op_meta), metas(grad_result), P);
+  validate_params(params, std::vector<TensorMeta>(n, op_meta), metas(grad_result), P);
   const int64_t R_out = grad_result[0].dim(0);
   std::vector<DeviceTensor> grad;
-  for (int64_t r = 0; r < P; ++r) {
+  for (int64_t r = 0; r < n; ++r) {
     grad.emplace_back(op_meta.dtype, op_meta.shape);
     grad[r].fill_bytes(0, s);  // rows never sent get 0
   }
   // Where every chunk landed and where it came from, exchanged so each rank holds the arrays
   // of the adjoint exchange: pack (output_offsets[j], input_offsets[j]) per peer j.
-  Scratch<int32_t> packed(2 * P * P, s), landed(2 * P * P, s), adj(2 * P * P, s);
+  Scratch<int32_t> packed(2 * P * n, s), landed(2 * P * n, s), adj(2 * P * n, s);
   std::vector<AllToAllI32Rank> xr;
-  for (int64_t r = 0; r < P; ++r) {
+  for (int64_t r = 0; r < n; ++r) {
     int32_t* pk = packed.get() + 2 * P * r;
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(pk, 8, params[r].output_offsets.data(), 4, 4, P,
                                      cudaMemcpyDeviceToDevice, s));
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(pk + 1, 8, params[r].input_offsets.data(), 4, 4, P,
                                      cudaMemcpyDeviceToDevice, s));
-    xr.push_back({static_cast<int>(r), pk, landed.get() + 2 * P * r});
+    xr.push_back({ids[r], pk, landed.get() + 2 * P * r});
   }
   comm.all_to_all_i32(xr, 2, s);
   std::vector<RaggedA2ARank> orig, back;
-  for (int64_t r = 0; r < P; ++r) {
+  for (int64_t r = 0; r < n; ++r) {
     int32_t* in_adj = adj.get() + 2 * P * r;  // [P]: where r's received chunks sit in r
     int32_t* out_adj = in_adj + P;            // [P]: where they came from in the source
     const int32_t* got = landed.get() + 2 * P * r;
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(in_adj, 4, got, 8, 4, P, cudaMemcpyDeviceToDevice, s));
     MOE_CUDA_CHECK(cudaMemcpy2DAsync(out_adj, 4, got + 1, 8, 4, P, cudaMemcpyDeviceToDevice, s));
-    orig.push_back({static_cast<int>(r), nullptr, operand_rows, nullptr, R_out,
+    orig.push_back({ids[r], nullptr, operand_rows, nullptr, R_out,
                     params[r].input_offsets.data<int32_t>(), params[r].send_sizes.data<int32_t>(),
                     params[r].output_offsets.data<int32_t>(),
                     params[r].recv_sizes.data<int32_t>()});
-    back.push_back({static_cast<int>(r), grad_result[r].data(), R_out, grad[r].data(), operand_rows,
-                    in_adj, params[r].recv_sizes.data<int32_t>(), out_adj,
+    back.push_back({ids[r], grad_result[r].data(), R_out, grad[r].data(), operand_rows, in_adj,
+                    params[r].recv_sizes.data<int32_t>(), out_adj,
                     params[r].send_sizes.data<int32_t>()});
   }
   const int64_t row_bytes = row_bytes_2d(grad_result[0].meta());

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -394,11 +395,95 @@ std::vector<ExpertGrads> moe_block_experts_bwd(Communicator& comm,
 
 // ---- the block ----------------------------------------------------------------------------------
 
+namespace {
+
+// out[i] = sum over k in order 0..n-1 of parts[k*stride + i], fp32: the gate-kernel gradient's
+// sum over shards in one fixed order, so a run over NCCL and the in-process run agree bitwise.
+__global__ void ordered_sum_kernel(const float* parts, int64_t n_parts, int64_t stride,
+                                   float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < stride;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = parts[i];
+    for (int64_t k = 1; k < n_parts; ++k) acc += parts[k * stride + i];
+    out[i] = acc;
+  }
+}
+
+// The shards (index dp*P + ep) this process computes: every shard when comm drives all P EP ranks
+// here (the in-process communicator), else the shard of comm's one rank (one process per EP rank,
+// which needs D = 1: the data-parallel groups would need a communicator of their own).
+std::vector<int64_t> local_shards(const Communicator& comm, const Dims& k) {
+  if (comm.size() != k.P) {
+    throw std::invalid_argument("comm: a communicator of " + std::to_string(comm.size()) +
+                                " ranks for ep_size=" + std::to_string(k.P));
+  }
+  const std::vector<int> ranks = comm.local_ranks();
+  std::vector<int64_t> v;
+  if (static_cast<int64_t>(ranks.size()) == k.P) {
+    for (int64_t i = 0; i < k.P * k.D; ++i) v.push_back(i);
+    return v;
+  }
+  if (ranks.size() != 1) {
+    throw std::invalid_argument("comm: drives " + std::to_string(ranks.size()) +
+                                " ranks; the block needs all of them or exactly one");
+  }
+  if (k.D != 1) {
+    throw std::invalid_argument("dp_size: must be 1 when each process drives one EP rank, got " +
+                                std::to_string(k.D));
+  }
+  v.push_back(ranks[0]);
+  return v;
+}
+
+// Shard local[i]'s block (bytes each) lands at global + local[i] * bytes on this process: plain
+// copies when this process holds every shard, else an all-gather over comm (shard = rank, D = 1).
+void gather_shards(Communicator& comm, const std::vector<int64_t>& local, int64_t n_shards,
+                   const std::vector<const void*>& blocks, int64_t bytes, void* global, Stream s) {
+  if (bytes <= 0) return;
+  if (static_cast<int64_t>(local.size()) == n_shards) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      MOE_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(global) + local[i] * bytes, blocks[i],
+                                     static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, s));
+    }
+    return;
+  }
+  comm.all_gather({{static_cast<int>(local[0]), blocks[0], global}}, bytes, s);
+}
+
+// The FFN weights of the EP ranks this process drives (null for the others).
+std::vector<std::unique_ptr<LocalExpertWeights>> local_weights(const MoeBlockInputs& in,
+                                                               const std::vector<int64_t>& local,
+                                                               const Dims& k, Stream s) {
+  std::vector<std::unique_ptr<LocalExpertWeights>> w(k.P);
+  for (int64_t idx : local) {
+    const int64_t r = idx % k.P;
+    if (!w[r]) w[r] = std::make_unique<LocalExpertWeights>(in, r, k.L, k.d, s);
+  }
+  return w;
+}
+
+}  // namespace
+
 MoeBlockFwd moe_block_fwd(const MoeBlockInputs& in, const MoeBlockParams& p, Stream s,
                           const RunOptions& o) {
+  InProcessCommunicator comm(static_cast<int>(std::max<int64_t>(p.ep_size, 1)));
+  return moe_block_fwd(comm, in, p, s, o);
+}
+
+MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad_aux_loss,
+                            const MoeBlockInputs& in, const MoeBlockFwd& fwd,
+                            const MoeBlockParams& p, Stream s, const RunOptions& o) {
+  InProcessCommunicator comm(static_cast<int>(std::max<int64_t>(p.ep_size, 1)));
+  return moe_block_bwd(comm, grad_y, grad_aux_loss, in, fwd, p, s, o);
+}
+
+MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const MoeBlockParams& p,
+                          Stream s, const RunOptions& o) {
   const Dims k = dims(in, p);
+  const std::vector<int64_t> local = local_shards(comm, k);
   const RouterParams rp = p.router();
   const int64_t H = k.s.H, E = k.E, NS = k.P * k.D;
+  const int64_t NL = static_cast<int64_t>(local.size());
   const DType router_dtype = p.router_logits_dtype == RouterLogitsDtype::float32 ? DType::f32 : k.d;
   const DeviceTensor gk = cast(in.gate_kernel, k.d, s);
   std::optional<DeviceTensor> eb;
@@ -406,14 +491,14 @@ MoeBlockFwd moe_block_fwd(const MoeBlockInputs& in, const MoeBlockParams& p, Str
   const GroupPlan plan = one_group(k.Ts);
 
   MoeBlockFwd out;
-  out.shards.resize(NS);
-  std::vector<DeviceTensor> buffers(NS);
-  // Steps 1, 2, 4 on every shard: gate, router, global dispatch.
-  for (int64_t i = 0; i < NS; ++i) {
+  out.shards.resize(NL);
+  std::vector<DeviceTensor> buffers(NL);
+  // Steps 1, 2, 4 on every local shard: gate, router, global dispatch.
+  for (int64_t i = 0; i < NL; ++i) {
     MoeShardState& st = out.shards[i];
-    st.ep_rank = i % k.P;
-    st.dp_rank = i / k.P;
-    st.first_token = i * k.Ts;
+    st.ep_rank = local[i] % k.P;
+    st.dp_rank = local[i] / k.P;
+    st.first_token = local[i] * k.Ts;
     st.tokens = k.Ts;
     st.x2d = take_rows(in.x, H, st.first_token, k.Ts, k.d, s);
     DeviceTensor logits(k.d, {k.Ts, E});
@@ -456,14 +541,19 @@ MoeBlockFwd moe_block_fwd(const MoeBlockInputs& in, const MoeBlockParams& p, Str
     st.dispatch_rows = buffers[i].dim(0);
   }
 
-  // Step 3: the aux loss over the global token set (every EP and DP shard).
+  // Step 3: the aux loss over the global token set (every EP and DP shard). Under one process per
+  // rank every rank gathers the f32 logits and computes the same global loss.
   if (p.aux_loss()) {
     DeviceTensor global(DType::f32, {k.T, E});
     poison_if(global, o, s);
+    std::vector<DeviceTensor> l32;
+    std::vector<const void*> blocks;
     for (const MoeShardState& st : out.shards) {
-      cast_raw(st.logits.data(), st.logits.dtype(), global.data<float>() + st.first_token * E,
-               DType::f32, st.logits.numel(), s);
+      l32.push_back(cast(st.logits, DType::f32, s));
+      blocks.push_back(l32.back().data());
     }
+    gather_shards(comm, local, NS, blocks, k.Ts * E * 4, global.data(), s);
+    l32.clear();
     const TopkRouterFwd gr = topk_router_fwd(global, eb ? &*eb : nullptr, rp, s);
     DeviceTensor tpe = column_counts(gr.routing_map, s);
     AuxLossScoresFwd sc = aux_loss_scores_fwd(global, k.K, p.score_function, MapFormat::bytemap, s);
@@ -480,60 +570,73 @@ MoeBlockFwd moe_block_fwd(const MoeBlockInputs& in, const MoeBlockParams& p, Str
   }
 
   // Steps 5-7 per data-parallel group of P EP ranks, through the communicator.
-  std::vector<LocalExpertWeights> weights;
-  for (int64_t r = 0; r < k.P; ++r) weights.emplace_back(in, r, k.L, k.d, s);
-  InProcessCommunicator comm(static_cast<int>(k.P));
+  const auto weights = local_weights(in, local, k, s);
   for (int64_t dp = 0; dp < k.D; ++dp) {
     std::vector<MoeShardState*> group;
     std::vector<DeviceTensor> group_buffers;
     std::vector<const LocalExpertWeights*> w;
-    for (int64_t r = 0; r < k.P; ++r) {
-      group.push_back(&out.shards[dp * k.P + r]);
-      group_buffers.push_back(std::move(buffers[dp * k.P + r]));
-      w.push_back(&weights[r]);
+    for (int64_t i = 0; i < NL; ++i) {
+      if (out.shards[i].dp_rank != dp) continue;
+      group.push_back(&out.shards[i]);
+      group_buffers.push_back(std::move(buffers[i]));
+      w.push_back(weights[out.shards[i].ep_rank].get());
     }
-    moe_block_experts_fwd(comm, group, group_buffers, w, p, k.s, s, o);
+    if (!group.empty()) moe_block_experts_fwd(comm, group, group_buffers, w, p, k.s, s, o);
   }
 
-  // Step 8: the global combine, and the global diagnostics.
+  // Step 8: the combine per shard; y and the diagnostics gathered over every shard.
   out.y = DeviceTensor(k.d, in.x.shape());
   out.routing_map = DeviceTensor(DType::boolean, {k.T, E});
   out.probs = DeviceTensor(p.probs_dtype, {k.T, E});
   poison_if(out.y, o, s);
   poison_if(out.probs, o, s);
   if (o.poison && out.routing_map.nbytes()) out.routing_map.fill_bytes(0x7f, s);
-  DeviceTensor y2(k.d, {k.T, H});
+  std::vector<DeviceTensor> ys;
+  std::vector<const void*> yb, mb, pb;
   for (const MoeShardState& st : out.shards) {
-    const DeviceTensor y =
+    ys.push_back(
         p.backend == MoeBackend::kernel
             ? token_combine_fwd(st.eo_post, st.row_id_map, &st.sparse_probs,
                                 st.pad_offsets ? &*st.pad_offsets : nullptr, s, o)
-            : argsort_token_combine_fwd(st.eo_post, st.sorted_indices, st.weights, st.perm, s, o);
-    put_rows(out.y, st.first_token, y, s);
-    put_rows(out.routing_map, st.first_token, st.routing_map, s);
-    put_rows(out.probs, st.first_token, st.sparse_probs, s);
+            : argsort_token_combine_fwd(st.eo_post, st.sorted_indices, st.weights, st.perm, s, o));
+    yb.push_back(ys.back().data());
+    mb.push_back(st.routing_map.data());
+    pb.push_back(st.sparse_probs.data());
   }
+  gather_shards(comm, local, NS, yb, k.Ts * H * dtype_size(k.d), out.y.data(), s);
+  gather_shards(comm, local, NS, mb, k.Ts * E, out.routing_map.data(), s);
+  gather_shards(comm, local, NS, pb, k.Ts * E * dtype_size(p.probs_dtype), out.probs.data(), s);
   out.group_sizes = column_counts(out.routing_map, s);
   return out;
 }
 
-MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad_aux_loss,
-                            const MoeBlockInputs& in, const MoeBlockFwd& fwd,
-                            const MoeBlockParams& p, Stream s, const RunOptions& o) {
+MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
+                            const DeviceTensor* grad_aux_loss, const MoeBlockInputs& in,
+                            const MoeBlockFwd& fwd, const MoeBlockParams& p, Stream s,
+                            const RunOptions& o) {
   const Dims k = dims(in, p);
+  const std::vector<int64_t> local = local_shards(comm, k);
   require_shape(grad_y.meta(), in.x.shape(), "grad_y");
   if (!is_floating(grad_y.dtype()) || grad_y.dtype() == DType::f64) {
     throw std::invalid_argument("grad_y: unsupported dtype " +
                                 std::string(dtype_name(grad_y.dtype())));
   }
   const int64_t NS = k.P * k.D, H = k.s.H, E = k.E;
-  if (static_cast<int64_t>(fwd.shards.size()) != NS) {
+  const int64_t NL = static_cast<int64_t>(local.size());
+  if (static_cast<int64_t>(fwd.shards.size()) != NL) {
     throw std::invalid_argument("fwd: the saved state has " + std::to_string(fwd.shards.size()) +
-                                " shards, expected ep_size*dp_size=" + std::to_string(NS));
+                                " shards, expected " + std::to_string(NL) +
+                                " (the shards this process computes)");
+  }
+  for (int64_t i = 0; i < NL; ++i) {
+    if (fwd.shards[i].ep_rank + k.P * fwd.shards[i].dp_rank != local[i]) {
+      throw std::invalid_argument("fwd: saved shard " + std::to_string(i) +
+                                  " belongs to another rank");
+    }
   }
   const RouterParams rp = p.router();
 
-  // Aux-loss backward over the global token set (§11.3 step 7).
+  // Aux-loss backward over the global token set (§11.3 step 7); every process holds it whole.
   std::optional<DeviceTensor> d_logits_aux;
   if (p.aux_loss()) {
     if (!fwd.aux_const_buf) throw std::invalid_argument("fwd: no aux-loss state saved");
@@ -547,9 +650,9 @@ MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad
     d_logits_aux = aux_loss_scores_bwd(gp, *fwd.aux_saved_scores, p.score_function, DType::f32, s);
   }
 
-  // Step 1: combine backward per shard.
-  std::vector<DeviceTensor> d_eo_post(NS), d_sparse(NS);
-  for (int64_t i = 0; i < NS; ++i) {
+  // Step 1: combine backward per local shard.
+  std::vector<DeviceTensor> d_eo_post(NL), d_sparse(NL);
+  for (int64_t i = 0; i < NL; ++i) {
     const MoeShardState& st = fwd.shards[i];
     const DeviceTensor ct = take_rows(grad_y, H, st.first_token, st.tokens, k.d, s);
     if (p.backend == MoeBackend::kernel) {
@@ -567,28 +670,32 @@ MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad
   }
 
   // Steps 2-4 per data-parallel group; FFN weight gradients summed over the DP shards in dp order.
-  std::vector<LocalExpertWeights> weights;
-  for (int64_t r = 0; r < k.P; ++r) weights.emplace_back(in, r, k.L, k.d, s);
+  const auto weights = local_weights(in, local, k, s);
+  const bool all_here = NL == NS;
   const bool direct = k.P == 1 && k.D == 1;  // gradients need no reduction (maybe a cast)
   const DeviceTensor* params[6] = {&in.wi_0,     &in.wi_1,     &in.wo,
                                    in.wi_0_bias, in.wi_1_bias, in.wo_bias};
   std::optional<DeviceTensor> acc[6];
   std::optional<DeviceTensor> result[6];
-  InProcessCommunicator comm(static_cast<int>(k.P));
-  std::vector<DeviceTensor> d_buffer(NS);
+  std::vector<DeviceTensor> d_buffer(NL);
   for (int64_t dp = 0; dp < k.D; ++dp) {
     std::vector<const MoeShardState*> group;
     std::vector<DeviceTensor> ct;
     std::vector<const LocalExpertWeights*> w;
-    for (int64_t r = 0; r < k.P; ++r) {
-      group.push_back(&fwd.shards[dp * k.P + r]);
-      ct.push_back(std::move(d_eo_post[dp * k.P + r]));
-      w.push_back(&weights[r]);
+    std::vector<int64_t> at;  // positions in the local lists
+    for (int64_t i = 0; i < NL; ++i) {
+      if (fwd.shards[i].dp_rank != dp) continue;
+      group.push_back(&fwd.shards[i]);
+      ct.push_back(std::move(d_eo_post[i]));
+      w.push_back(weights[fwd.shards[i].ep_rank].get());
+      at.push_back(i);
     }
+    if (group.empty()) continue;
     std::vector<ExpertGrads> g = moe_block_experts_bwd(comm, group, ct, w, p, k.s, s, o);
-    for (int64_t r = 0; r < k.P; ++r) {
-      d_buffer[dp * k.P + r] = std::move(g[r].d_buffer);
-      SwigluFfnBwd& f = g[r].ffn;
+    for (size_t gi = 0; gi < g.size(); ++gi) {
+      const int64_t r = group[gi]->ep_rank;
+      d_buffer[at[gi]] = std::move(g[gi].d_buffer);
+      SwigluFfnBwd& f = g[gi].ffn;
       DeviceTensor* grads[6] = {&f.grad_wi_0,
                                 &f.grad_wi_1,
                                 &f.grad_wo,
@@ -601,6 +708,15 @@ MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad
           result[j] = std::move(*grads[j]);
           continue;
         }
+        if (!all_here) {
+          // One EP rank per process (D = 1): its L experts' gradients, cast once, then gathered.
+          // Bitwise what the in-process path gives: f32 widening is exact, so both round once.
+          result[j].emplace(params[j]->dtype(), params[j]->shape());
+          const DeviceTensor mine = cast(*grads[j], params[j]->dtype(), s);
+          gather_shards(comm, local, k.P, {mine.data()}, mine.nbytes(), result[j]->data(), s);
+          *grads[j] = DeviceTensor();
+          continue;
+        }
         if (!acc[j]) acc[j].emplace(DType::f32, params[j]->shape());
         accumulate(*acc[j], r * k.L, *grads[j], dp == 0, s);
         *grads[j] = DeviceTensor();
@@ -608,16 +724,19 @@ MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad
     }
   }
 
-  // Steps 5, 6, 8 per shard: dispatch and router backward, the gate GEMM's gradients.
+  // Steps 5, 6, 8 per local shard: dispatch and router backward, the gate GEMM's gradients. The
+  // gate-kernel gradient of each shard goes to its own fp32 slot; the slots are summed in shard
+  // order once every shard's is in (gathered across processes), so every layout sums alike.
   MoeBlockGrads out;
   out.x = DeviceTensor(in.x.dtype(), in.x.shape());
   poison_if(out.x, o, s);
   DeviceTensor gk32 = cast(in.gate_kernel, k.d, s);
   gk32 = cast(gk32, DType::f32, s);  // rnd_d(gate_kernel), widened exactly for the fp32 GEMMs
-  DeviceTensor acc_gk(DType::f32, {H, E});
-  zero(acc_gk, s);
+  DeviceTensor parts(DType::f32, {NS, H, E});
+  std::vector<DeviceTensor> mine_gk, mine_x;
+  std::vector<const void*> gk_blocks, x_blocks;
   const GroupPlan plan = one_group(k.Ts);
-  for (int64_t i = 0; i < NS; ++i) {
+  for (int64_t i = 0; i < NL; ++i) {
     const MoeShardState& st = fwd.shards[i];
     DeviceTensor d_x_dispatch =
         p.backend == MoeBackend::kernel
@@ -633,6 +752,11 @@ MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad
       accumulate(d_logits, 0, take_rows(*d_logits_aux, st.first_token, st.tokens, DType::f32, s),
                  false, s);
     }
+    mine_gk.emplace_back(DType::f32, Shape{H, E});
+    mine_x.emplace_back(in.x.dtype(), Shape{k.Ts, H});
+    zero(mine_gk.back(), s);
+    gk_blocks.push_back(mine_gk.back().data());
+    x_blocks.push_back(mine_x.back().data());
     if (k.Ts == 0) continue;
     DeviceTensor d_x_gate(DType::f32, {k.Ts, H});
     poison_if(d_x_gate, o, s);
@@ -640,16 +764,23 @@ MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad
                                  DType::f32, d_x_gate.data(), H, E, false, s, GemmImpl::loop);
     const DeviceTensor x32 = cast(st.x2d, DType::f32, s);
     gemm_detail::grouped_product(GemmRole::wgrad, plan, DType::f32, x32.data(), d_logits.data(),
-                                 DType::f32, acc_gk.data(), H, E, true, s, GemmImpl::loop);
+                                 DType::f32, mine_gk.back().data(), H, E, false, s, GemmImpl::loop);
     const int64_t n = k.Ts * H;
     dispatch_float(k.d, [&](auto v) {
       using D = decltype(v);
       add_round_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
-          d_x_gate.data<float>(), d_x_dispatch.data<D>(), out.x.data<D>() + st.first_token * H, n);
+          d_x_gate.data<float>(), d_x_dispatch.data<D>(), mine_x.back().data<D>(), n);
     });
     MOE_CUDA_CHECK(cudaGetLastError());
   }
-
+  gather_shards(comm, local, NS, x_blocks, k.Ts * H * dtype_size(in.x.dtype()), out.x.data(), s);
+  gather_shards(comm, local, NS, gk_blocks, H * E * 4, parts.data(), s);
+  DeviceTensor acc_gk(DType::f32, {H, E});
+  if (H * E > 0) {
+    ordered_sum_kernel<<<blocks_for(H * E), kThreads, 0, s>>>(parts.data<float>(), NS, H * E,
+                                                              acc_gk.data<float>());
+    MOE_CUDA_CHECK(cudaGetLastError());
+  }
   out.gate_kernel = cast(acc_gk, in.gate_kernel.dtype(), s);  // one rounding of the shard sum
   for (int j = 0; j < 6; ++j) {
     if (!params[j]) continue;

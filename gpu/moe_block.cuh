@@ -15,11 +15,16 @@
 //
 // Shards k = dp*P + ep as in the reference. The EP part of each data-parallel group (steps 5-7 and
 // the backward steps 2-4) runs in moe_block_experts_fwd/bwd, which take the Communicator and the
-// shards of the ranks it drives (comm.local_ranks(), ascending): the in-process communicator drives
-// all P ranks of a group on one GPU; an NCCL communicator drives one rank per process. The group
-// sizes are all-gathered through the communicator's all_to_all_i32. The global aux loss (logits of
-// every EP and DP shard) and the gate-gradient sum over all shards are done by moe_block_fwd/bwd,
-// which hold every shard in this process.
+// shards of the ranks it drives (comm.local_ranks(), ascending). Two layouts:
+//   - one process holds every shard (the overloads without a communicator: an in-process
+//     communicator of P ranks, any P and D on one GPU);
+//   - one process per EP rank (the NCCL communicator, D = 1): each process passes the same global
+//     inputs, computes only its own shard (its rows of x, its L experts), and gets the same global
+//     outputs as the first layout: y, routing_map, probs, grad x and the FFN weight gradients are
+//     all-gathered, every rank computes the global aux loss from the all-gathered f32 logits, and
+//     the gate-kernel gradient is the fp32 sum of the per-shard gradients in shard order.
+// Both layouts do the same arithmetic in the same order, so their results agree bitwise (the
+// multi-GPU tests check this against the one-GPU run).
 #pragma once
 
 #include <optional>
@@ -79,7 +84,7 @@ struct MoeBlockFwd {
   DeviceTensor routing_map;                      // [B*S,E] bool
   DeviceTensor probs;                            // [B*S,E] probs_dtype
   DeviceTensor group_sizes;                      // [E] i32, unaligned c_e
-  std::vector<MoeShardState> shards;             // index dp*P + ep
+  std::vector<MoeShardState> shards;             // this process's shards, ascending dp*P + ep
   std::optional<DeviceTensor> aux_const_buf;     // [2] f32
   std::optional<DeviceTensor> aux_tpe;           // [E] i32
   std::optional<DeviceTensor> aux_saved_scores;  // [B*S,E] f32
@@ -99,6 +104,16 @@ struct MoeBlockGrads {
 MoeBlockGrads moe_block_bwd(const DeviceTensor& grad_y, const DeviceTensor* grad_aux_loss,
                             const MoeBlockInputs& in, const MoeBlockFwd& fwd,
                             const MoeBlockParams& p, Stream s = nullptr, const RunOptions& o = {});
+
+// The same block over a communicator that drives all P EP ranks in this process, or exactly one
+// (then dp_size must be 1 and comm.size() == ep_size). MoeBlockFwd::shards holds the shards this
+// process computes; the other outputs are global on every process (see the file comment).
+MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const MoeBlockParams& p,
+                          Stream s = nullptr, const RunOptions& o = {});
+MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
+                            const DeviceTensor* grad_aux_loss, const MoeBlockInputs& in,
+                            const MoeBlockFwd& fwd, const MoeBlockParams& p, Stream s = nullptr,
+                            const RunOptions& o = {});
 
 // --- per-rank EP pieces -------------------------------------------------------------------------
 

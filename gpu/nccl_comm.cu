@@ -494,6 +494,21 @@ void NcclCommunicator::all_to_all_i32(const std::vector<AllToAllI32Rank>& ranks,
   MOE_NCCL_TRY(*this, ncclGroupEnd());
 }
 
+void NcclCommunicator::all_gather(const std::vector<AllGatherRank>& ranks, int64_t bytes,
+                                  Stream s) {
+  Impl& m = *impl_;
+  if (m.aborted) throw NcclError("rank " + str(m.rank) + ": communicator aborted earlier");
+  std::vector<int> ids;
+  for (const auto& r : ranks) ids.push_back(r.rank);
+  check_single_rank(ids, m.rank, "all_gather");
+  if (bytes < 0) throw std::invalid_argument("bytes: must be >= 0, got " + str(bytes));
+  if (bytes == 0) return;
+  const AllGatherRank& r = ranks[0];
+  if (!r.send || !r.recv) throw std::invalid_argument("all_gather: null send or recv buffer");
+  MOE_NCCL_TRY(*this, ncclAllGather(r.send, r.recv, static_cast<size_t>(bytes), ncclUint8, m.comm,
+                                    static_cast<cudaStream_t>(s)));
+}
+
 void NcclCommunicator::ragged_all_to_all(const std::vector<RaggedA2ARank>& ranks, int64_t row_bytes,
                                          void* err, Stream s) {
   Impl& m = *impl_;

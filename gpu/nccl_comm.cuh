@@ -82,6 +82,8 @@ class NcclCommunicator final : public Communicator {
   void ragged_all_to_all(const std::vector<RaggedA2ARank>& ranks, int64_t row_bytes, void* err,
                          Stream s) override;
   void all_to_all_i32(const std::vector<AllToAllI32Rank>& ranks, int64_t count, Stream s) override;
+  // ncclAllGather of bytes per rank.
+  void all_gather(const std::vector<AllGatherRank>& ranks, int64_t bytes, Stream s) override;
 
   // The equal-count all-to-all of bytes_per_peer bytes per peer (the benchmark baseline):
   // ncclAlltoAll (throws std::invalid_argument when the library lacks it, see has_alltoall), or

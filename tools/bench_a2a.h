@@ -2,8 +2,7 @@
 // per GPU under `moe-harness launch`, every row verified (#wrong) before it is timed.
 //
 //   moe-harness launch -n 2 -- moe_multi_gpu_tests --bench [--max-tokens 4096 ...]
-//   moe-harness launch -n 2 -- moe-harness bench --op ragged_all_to_all   (once bench_cmd.cpp
-//                                                                          calls the function)
+//   moe-harness launch -n 2 -- moe-harness bench --op ragged_all_to_all [--max-tokens 4096 ...]
 #pragma once
 
 #include <cstdint>

@@ -9,6 +9,7 @@
 // Exit status: 0 all cases verified, 1 a verification failed, 2 bad usage or no GPU.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "harness/ops/check.h"
 #include "harness/ops/registry.h"
+#include "tools/bench_a2a.h"
 #include "tools/commands.h"
 
 #ifdef MOE_WITH_CUDA
@@ -188,7 +190,23 @@ void add_bench_command(CLI::App& app, int& status) {
       ->check(CLI::Range(20, 100000));
   cmd->add_option("--verify-rows", verify_rows, "Rows of the verification case (T or R)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  // ragged_all_to_all over NCCL under the launcher (tools/bench_a2a.h): nccl-tests style rows.
+  static RaggedA2ABenchOptions a2a;
+  auto* g = "ragged_all_to_all under `moe-harness launch`";
+  cmd->add_option("--hidden", a2a.hidden, "bf16 columns per row")->group(g);
+  cmd->add_option("--topk", a2a.topk, "Rows per token")->group(g);
+  cmd->add_option("--min-tokens", a2a.min_tokens, "Smallest tokens per rank")->group(g);
+  cmd->add_option("--max-tokens", a2a.max_tokens, "Largest tokens per rank (doubling)")->group(g);
+  cmd->add_option("--warmup", a2a.warmup, "Untimed calls per row")->group(g);
+  cmd->add_option("--iters", a2a.iters, "Timed calls per row")->group(g);
   cmd->callback([&status] {
+    if (op_names == std::vector<std::string>{"ragged_all_to_all"} &&
+        std::getenv("MOE_WORLD_SIZE")) {
+      // One process per GPU: the exchange over NCCL next to ncclAlltoAll (every row verified).
+      a2a.json = json_path;
+      status = run_ragged_a2a_bench(a2a);
+      return;
+    }
 #ifdef MOE_WITH_CUDA
     try {
       status = run_bench(op_names, json_path, samples, verify_rows);

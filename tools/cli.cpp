@@ -2,6 +2,7 @@
 //
 //   moe-harness list
 //   moe-harness check [--op NAME] [--backend reference|gpu] [--cases N] [--seed S] [--case LINE]
+//   moe-harness launch -n N -- moe-harness check --backend gpu --ep N   (moe_block over NCCL)
 //   moe-harness golden record|verify|diff|show ...   (tools/golden_cmd.cpp)
 //   moe-harness bench [--op NAME] [--json FILE]        (tools/bench_cmd.cpp)
 //   moe-harness launch -n N -- COMMAND...              (tools/launch_cmd.cpp)
@@ -14,6 +15,13 @@
 #include "harness/ops/check.h"
 #include "harness/ops/registry.h"
 #include "tools/commands.h"
+
+#ifdef MOE_WITH_NCCL
+#include <memory>
+
+#include "gpu/nccl_comm.cuh"
+#include "harness/ops/block_gpu.h"
+#endif
 
 namespace moe::tools {
 
@@ -68,6 +76,7 @@ void add_check_command(CLI::App& app, int& status) {
   static int n_cases = 20;
   static uint64_t seed = 1;
   static bool verbose = false, random_only = false;
+  static int ep = 0;
   cmd->add_option("--op", op_name, "Only this op (see `moe-harness list`)");
   cmd->add_option("--backend", backend, "reference or gpu (default: gpu when a GPU is present)")
       ->check(CLI::IsMember({"reference", "gpu"}));
@@ -77,6 +86,10 @@ void add_check_command(CLI::App& app, int& status) {
   cmd->add_option("--case", case_line, "Replay exactly this case line");
   cmd->add_flag("--random-only", random_only, "Skip the named cases");
   cmd->add_flag("-v,--verbose", verbose, "Print every case");
+  cmd->add_option("--ep", ep,
+                  "Run moe_block's cases with ep_size N, dp_size 1 over NCCL, one EP rank per "
+                  "process (under `moe-harness launch -n N`)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([&status] {
     if (backend.empty()) backend = ops::gpu_available() ? "gpu" : "reference";
     if (backend == "gpu" && !ops::gpu_available()) {
@@ -84,6 +97,50 @@ void add_check_command(CLI::App& app, int& status) {
                    ops::gpu_description().c_str());
       status = 2;
       return;
+    }
+#ifdef MOE_WITH_NCCL
+    // One NCCL communicator for the whole run; destroyed before the CUDA runtime shuts down.
+    struct CommGuard {
+      std::unique_ptr<gpu::NcclCommunicator> comm;
+      ~CommGuard() {
+        ops::set_block_communicator(nullptr);
+        comm.reset();
+      }
+    } guard;
+#endif
+    if (ep > 0) {
+#ifdef MOE_WITH_NCCL
+      if (backend != "gpu" || !gpu::NcclBootstrap::launched() ||
+          (!op_name.empty() && op_name != "moe_block")) {
+        std::fprintf(stderr,
+                     "--ep %d: runs moe_block on the gpu backend under the launcher: "
+                     "moe-harness launch -n %d -- moe-harness check --backend gpu --ep %d\n",
+                     ep, ep, ep);
+        status = 2;
+        return;
+      }
+      try {
+        guard.comm = std::make_unique<gpu::NcclCommunicator>(gpu::NcclBootstrap::from_env());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "--ep %d: cannot create the NCCL communicator: %s\n", ep, e.what());
+        status = 2;
+        return;
+      }
+      if (guard.comm->size() != ep) {
+        std::fprintf(stderr, "--ep %d: the launcher started %d ranks\n", ep, guard.comm->size());
+        status = 2;
+        return;
+      }
+      ops::set_block_communicator(guard.comm.get());
+      op_name = "moe_block";
+      std::printf("ep: %d ranks over NCCL %s, this is rank %d on GPU %d\n", ep,
+                  gpu::NcclCommunicator::library_version().c_str(), guard.comm->rank(),
+                  guard.comm->device());
+#else
+      std::fprintf(stderr, "--ep: this build has no NCCL\n");
+      status = 2;
+      return;
+#endif
     }
     std::printf("backend: %s%s\n", backend.c_str(),
                 backend == "gpu" ? (" on " + ops::gpu_description()).c_str() : "");
@@ -126,12 +183,20 @@ void add_check_command(CLI::App& app, int& status) {
         rows.push_back(row);
         continue;
       }
+      // With --ep, only the cases of that EP size on one data-parallel group.
+      auto wanted = [](const Case& c) {
+        return ep == 0 || (c.i("ep_size", 1) == ep && c.i("dp_size", 1) == 1);
+      };
       if (!random_only && op->named) {
-        for (const Case& c : op->named()) run_case(*op, c, backend, row, verbose);
+        for (const Case& c : op->named())
+          if (wanted(c)) run_case(*op, c, backend, row, verbose);
       }
-      for (int i = 0; i < n_cases; ++i) {
-        const int size = 10 + (n_cases > 1 ? i * 90 / (n_cases - 1) : 0);
+      int drawn = 0;
+      for (int i = 0; drawn < n_cases && i < 200 * std::max(n_cases, 1); ++i) {
+        const int size = 10 + (n_cases > 1 ? drawn * 90 / (n_cases - 1) : 0);
         const Case c = op->gen()(rc::Random(seed * 1000003ull + i), size).value();
+        if (!wanted(c)) continue;
+        ++drawn;
         run_case(*op, c, backend, row, verbose);
       }
       row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -146,6 +211,15 @@ void add_check_command(CLI::App& app, int& status) {
                   r.worst_pct, r.seconds, r.disposition.c_str());
       any_failed |= r.failed > 0;
     }
+#ifdef MOE_WITH_NCCL
+    // Every rank checked the same cases; the run passes only if every rank passed.
+    if (guard.comm) {
+      const int64_t failed_ranks = guard.comm->all_reduce_sum(any_failed ? 1 : 0);
+      std::printf("ranks failing: %lld of %d\n", static_cast<long long>(failed_ranks),
+                  guard.comm->size());
+      any_failed = failed_ranks > 0;
+    }
+#endif
     status = any_failed ? 1 : 0;
   });
 }

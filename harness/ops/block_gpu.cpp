@@ -3,6 +3,7 @@
 
 #include "harness/ops/block_gpu.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -63,14 +64,26 @@ void put(TensorMap& out, const std::string& key, const std::optional<DeviceTenso
   if (t) out.emplace(key, t->download());
 }
 
+gpu::Communicator* g_block_comm = nullptr;
+
 }  // namespace
+
+void set_block_communicator(gpu::Communicator* comm) {
+  g_block_comm = comm;
+}
+gpu::Communicator* block_communicator() {
+  return g_block_comm;
+}
 
 TensorMap moe_block_gpu(const Case& c, const TensorMap& in) {
   const MoeBlockParams p = moe_block_params(c);
   const DeviceInputs d(in);
   const gpu::MoeBlockInputs v = d.view();
   const gpu::RunOptions check{/*validate=*/true, /*poison=*/true};
-  gpu::MoeBlockFwd f = gpu::moe_block_fwd(v, p, nullptr, check);
+  std::optional<gpu::InProcessCommunicator> own;
+  if (!g_block_comm) own.emplace(static_cast<int>(std::max<int64_t>(p.ep_size, 1)));
+  gpu::Communicator& comm = g_block_comm ? *g_block_comm : *own;
+  gpu::MoeBlockFwd f = gpu::moe_block_fwd(comm, v, p, nullptr, check);
   TensorMap out;
   put(out, "output.y", f.y);
   put(out, "output.aux_loss", f.aux_loss);
@@ -78,7 +91,8 @@ TensorMap moe_block_gpu(const Case& c, const TensorMap& in) {
   put(out, "output.probs", f.probs);
   put(out, "output.group_sizes", f.group_sizes);
   if (d.ct_y) {
-    gpu::MoeBlockGrads g = gpu::moe_block_bwd(*d.ct_y, ptr(d.ct_aux), v, f, p, nullptr, check);
+    gpu::MoeBlockGrads g =
+        gpu::moe_block_bwd(comm, *d.ct_y, ptr(d.ct_aux), v, f, p, nullptr, check);
     put(out, "grad.x", g.x);
     put(out, "grad.gate_kernel", g.gate_kernel);
     put(out, "grad.wi_0", g.wi_0);

@@ -12,7 +12,18 @@
 
 #include "harness/ops/registry.h"
 
+namespace moe::gpu {
+class Communicator;
+}
+
 namespace moe::ops {
+
+// The communicator moe_block_gpu runs the block over. Null (the default): an in-process one of
+// the case's ep_size, every shard on this GPU. `moe-harness check --ep N` under the launcher sets
+// an NCCL communicator (one EP rank per process); a case whose ep_size is not its size, or whose
+// dp_size is not 1, then fails with the block's std::invalid_argument naming the parameter.
+void set_block_communicator(gpu::Communicator* comm);
+gpu::Communicator* block_communicator();
 
 TensorMap moe_block_gpu(const Case& c, const TensorMap& in);
 OpInfo::Bench moe_block_gpu_bench(const Case& c, const TensorMap& in);
