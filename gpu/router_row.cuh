@@ -210,6 +210,17 @@ __device__ __forceinline__ float load_any_f32(const void* p, int dtype, int64_t 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Programmatic dependent launch (PDL, sm_90): every row kernel first waits for the grid before it
+// in the stream to complete (griddepcontrol.wait, a no-op when the launch carries no PDL
+// attribute), so it reads and writes nothing early; it then lets the next grid launch, whose
+// blocks fill the SMs as this grid's last blocks retire instead of after a full drain.
+
+__device__ __forceinline__ void pdl_wait_and_trigger() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward: topk_router (kAux = false, SPEC §1.2) and aux_loss_scores (kAux = true, SPEC §2).
 
 struct FwdArgs {
@@ -234,6 +245,7 @@ struct FwdArgs {
 template <class TIn, int LANES, int VPT, bool kAux>
 __global__ void __launch_bounds__(kBlock, (LANES == 32 && VPT == 8) ? 4 : 1)
     fwd_kernel(const FwdArgs a) {
+  pdl_wait_and_trigger();
   constexpr int RPB = kBlock / LANES;  // rows per block and step
   constexpr int NCH = VPT / 8;
   constexpr bool kRegs = VPT <= 32;
@@ -591,6 +603,327 @@ __global__ void __launch_bounds__(kBlock, (LANES == 32 && VPT == 8) ? 4 : 1)
 }
 
 // ---------------------------------------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
+// Fast forward: rows of E <= 8 * LANES experts (one chunk of 8 consecutive experts per lane, VPT
+// = 8: every E <= 256) and, when grouped, groups of whole lanes (E/G % 8 == 0, E/G/8 a power of
+// two). Same layout, sums and results as fwd_kernel, with a cheaper selection:
+//  1. each lane sorts its 8 selection keys once, descending (19 compare-exchanges on the keys
+//     alone);
+//  2. grouped: group scores from the sorted heads (top-2: two values per lane merged over the
+//     group's lanes by xor shuffles), then g_k rounds of (segment max, lowest lane) over the
+//     group keys;
+//  3. top-K: K rounds; the segment maximum of the lanes' heads, and the lowest lane holding it pops
+//     its head (LANES == 1: the K-th sorted key directly). Each lane then knows how many of its
+//     values were picked (c) and the last one (thr);
+//  4. decode: the lane's selected slots are those with z > thr plus the first c - #{z > thr} slots
+//     with z == thr in slot order, i.e. its first c by (value desc, index asc). A lane's experts
+//     are consecutive and lanes are in expert order, so this is the canonical rule (SPEC §1.4).
+
+// Order-preserving key of a float that is not -0 (2 instructions).
+__device__ __forceinline__ uint32_t ord_key_nz(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
+
+// Sorts 8 keys descending (a depth-6 network; checked exhaustively by the 0-1 principle).
+__device__ __forceinline__ void sort8_desc(uint32_t (&k)[8]) {
+  auto cx = [&](int i, int j) {
+    const uint32_t a = k[i], b = k[j];
+    k[i] = max(a, b);
+    k[j] = min(a, b);
+  };
+  cx(0, 2), cx(1, 3), cx(4, 6), cx(5, 7);
+  cx(0, 4), cx(1, 5), cx(2, 6), cx(3, 7);
+  cx(0, 1), cx(2, 3), cx(4, 5), cx(6, 7);
+  cx(2, 4), cx(3, 5);
+  cx(1, 4), cx(3, 6);
+  cx(1, 2), cx(3, 4), cx(5, 6);
+}
+
+// One round of "segment maximum, lowest lane holding it" over LANES-lane segments of the warp.
+// Returns the maximum; *win is true in the one lane that holds it (none when it is 0).
+template <int LANES>
+__device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint32_t mybit,
+                                             bool* win) {
+  const uint32_t m = seg_max_u32<LANES>(h);
+  const uint32_t b = __ballot_sync(0xffffffffu, h == m && h != 0u) & segmask;
+  *win = (b & (0u - b)) == mybit;
+  return m;
+}
+
+template <class TIn, int LANES, bool kAux>
+__global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
+  pdl_wait_and_trigger();
+  constexpr int RPB = kBlock / LANES;
+  const int lane = static_cast<int>(threadIdx.x) % LANES;
+  const int wl = static_cast<int>(threadIdx.x) % 32;
+  const uint32_t mybit = 1u << wl;
+  const uint32_t segmask =
+      LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (wl & ~(LANES - 1)));
+  const int E = a.E;
+  const int e0 = 8 * lane;
+  const int nvalid = min(max(E - e0, 0), 8);
+  const int64_t mapw = a.bitmap ? (E + 7) / 8 : E;
+  const bool vec = a.vec != 0;
+  const bool has_bias = !kAux && a.bias != nullptr;
+  const bool grouped = !kAux && a.gk > 0;
+  const bool post = !kAux && a.fn == kSoftmax && !a.pre;
+
+  float bias[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    bias[j] = (has_bias && j < nvalid) ? load_any_f32(a.bias, a.bias_dtype, e0 + j) : 0.0f;
+  }
+  // Grouping (row-independent): the group's width in lanes, whether this lane leads a group.
+  int gw = 1;
+  bool leader = false;
+  if (grouped) {
+    const int Eg = E / a.G;
+    gw = Eg / 8;
+    leader = nvalid > 0 && lane % gw == 0;
+  }
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * RPB; base < a.T;
+       base += static_cast<int64_t>(gridDim.x) * RPB) {
+    const int64_t row = base + static_cast<int64_t>(threadIdx.x) / LANES;
+    const bool active = row < a.T;
+    const int n = active ? nvalid : 0;
+    const int64_t off = row * static_cast<int64_t>(E) + e0;
+    const uint32_t validbits = (1u << n) - 1u;
+
+    float z[8];
+    {
+      float v[8];
+      if (n > 0) load8(static_cast<const TIn*>(a.logits) + off, vec && n == 8, n, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] = j < n ? v[j] : -INFINITY;
+    }
+    auto store_row = [&](float* dst, const float(&vals)[8]) {
+      if (n > 0) store8(dst + off, vec && n == 8, n, vals);
+    };
+
+    // Steps 1-2: scores and selection scores (invalid slots hold -inf, which every score
+    // function maps to 0 without a branch; their keys are 0 below).
+    if (a.fn == kSoftmax && (kAux || a.pre)) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = fmaxf(m, z[j]);
+      m = seg_max<LANES>(m);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        z[j] = score::exp_f32(z[j] - m);
+        if (j < n) sum = sum + z[j];
+      }
+      const float inv = 1.0f / seg_sum<LANES>(sum);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] = j < n ? z[j] * inv : -INFINITY;
+      store_row(a.saved, z);
+      if (kAux) store_row(a.scores, z);
+    } else if (a.fn == kSigmoid || a.fn == kSqrtSoftplus) {
+      if (a.fn == kSqrtSoftplus) store_row(a.saved, z);  // saved = raw logits
+      if (a.fn == kSigmoid) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = score::sigmoid_f32(z[j]);
+        store_row(a.saved, z);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = score::sqrtsoftplus_f32(z[j]);
+      }
+      if (kAux) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (j < n) sum = sum + z[j];
+        const float den = seg_sum<LANES>(sum) + kEps;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = z[j] / den;
+        store_row(a.scores, z);
+      } else if (has_bias) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = z[j] + bias[j];
+      }
+    }
+    // (softmax post: z = x; saved is written after the selection)
+
+    // Keys. Only raw logits (softmax post) can be -0, which must tie with +0: z + 0 maps it to
+    // +0 (sigmoid, sqrtsoftplus and softmax scores, biased or not, are never -0).
+    if (post) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] = z[j] + 0.0f;
+    }
+    uint32_t sk[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sk[j] = j < n ? ord_key_nz(z[j]) : 0u;
+    sort8_desc(sk);
+
+    // Step 3, grouped: group scores, then the top g_k groups; lanes of other groups drop out.
+    if (grouped) {
+      const int kp = a.K / a.gk;
+      float acc = 0.0f;
+      if (gw == 1) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+          if (r < kp) acc = acc + key_value(sk[r]);
+      } else if (kp <= 2) {
+        uint32_t t1 = sk[0], t2 = kp == 2 ? sk[1] : 0u;
+        for (int o = 1; o < gw; o *= 2) {
+          const uint32_t u1 = __shfl_xor_sync(0xffffffffu, t1, o);
+          const uint32_t u2 = __shfl_xor_sync(0xffffffffu, t2, o);
+          const uint32_t hi = max(t1, u1);
+          t2 = max(min(t1, u1), max(t2, u2));
+          t1 = hi;
+        }
+        acc = acc + key_value(t1);
+        if (kp == 2) acc = acc + key_value(t2);
+      } else {
+        // kp rounds over a copy of the sorted keys, in the gw-lane group segment.
+        uint32_t c[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) c[j] = sk[j];
+        const uint32_t gmask = ((gw == 32 ? 0u : (1u << gw)) - 1u) << (wl & ~(gw - 1));
+        for (int r = 0; r < kp; ++r) {
+          const uint32_t m = segw_max_u32(c[0], gw);
+          const uint32_t b = __ballot_sync(0xffffffffu, c[0] == m && m != 0u) & gmask;
+          if ((b & (0u - b)) == mybit) {
+#pragma unroll
+            for (int j = 0; j < 7; ++j) c[j] = c[j + 1];
+            c[7] = 0u;
+          }
+          acc = acc + key_value(m);
+        }
+      }
+      uint32_t gkey = (active && leader) ? ord_key_nz(acc) : 0u;  // 0 + ...: never -0
+      uint32_t gsel = 0;
+      for (int r = 0; r < a.gk; ++r) {
+        bool win;
+        seg_pick<LANES>(gkey, segmask, mybit, &win);
+        const uint32_t b = __ballot_sync(0xffffffffu, win);
+        gsel |= b;
+        if (win) gkey = 0u;
+      }
+      // This lane's group was picked iff its leader lane won a round.
+      const bool in_group = ((gsel >> (wl & ~(gw - 1))) & 1u) != 0u;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sk[j] = in_group ? sk[j] : 0u;
+    }
+
+    // Step 3: top-K.
+    uint32_t so[8];  // softmax post: the sorted keys, kept for the exponentials below
+#pragma unroll
+    for (int j = 0; j < 8; ++j) so[j] = sk[j];
+    uint32_t first, thr;
+    int c;
+    if constexpr (LANES == 1) {
+      first = sk[0];
+      thr = sk[0];
+#pragma unroll
+      for (int r = 1; r < 8; ++r)
+        if (r == a.K - 1) thr = sk[r];
+      c = a.K;
+    } else {
+      first = 0u;
+      thr = 0u;
+      c = 0;
+      for (int r = 0; r < a.K; ++r) {
+        bool win;
+        const uint32_t m = seg_pick<LANES>(sk[0], segmask, mybit, &win);
+        if (r == 0) first = m;
+        if (win) {
+          thr = sk[0];
+          ++c;
+#pragma unroll
+          for (int j = 0; j < 7; ++j) sk[j] = sk[j + 1];
+          sk[7] = 0u;
+        }
+      }
+    }
+    // Step 3, decode (see above). thr_f = NaN selects nothing. Slots beyond E are masked out
+    // before counting: their z is a score function's value of -inf (0 for sigmoid and
+    // sqrtsoftplus), which can exceed a negative biased thr.
+    uint32_t selbits = 0;
+    {
+      const float thr_f = c > 0 ? key_value(thr) : __uint_as_float(0x7fffffffu);
+      uint32_t gtb = 0, eqb = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        gtb |= z[j] > thr_f ? (1u << j) : 0u;
+        eqb |= z[j] == thr_f ? (1u << j) : 0u;
+      }
+      gtb &= validbits;
+      eqb &= validbits;
+      int need = c - __popc(gtb);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const bool take = ((eqb >> j) & 1u) != 0u && need > 0;
+        need -= take ? 1 : 0;
+        selbits |= take ? (1u << j) : 0u;
+      }
+      selbits |= gtb;
+    }
+    auto selected = [&](int j) { return ((selbits >> j) & 1u) != 0u; };
+
+    if (!kAux) {
+      // Steps 4-6.
+      float p[8];
+      if (post) {
+        // exp(z - max) for the lane's picked values only (the first c sorted keys; their
+        // warp-wide maximum count bounds a uniform loop), then mapped back to the slots by value.
+        const float mx = key_value(first);
+        const int cmax = LANES == 1 ? a.K : static_cast<int>(__reduce_max_sync(0xffffffffu, c));
+        float ex[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ex[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (i < cmax) {
+            const float v = key_value(so[i]);
+            const float e = score::exp_f32(v - mx);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ex[j] = z[j] == v ? e : ex[j];
+          }
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (selected(j)) sum = sum + ex[j];
+        const float inv = 1.0f / seg_sum<LANES>(sum);
+        float sv[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          p[j] = selected(j) ? ex[j] * inv : 0.0f;
+          sv[j] = selected(j) ? p[j] : -INFINITY;
+        }
+        store_row(a.saved, sv);
+      } else if (a.fn == kSoftmax) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) p[j] = selected(j) ? z[j] : 0.0f;
+      } else {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          // v = fl(fl(s + b) - b): z already holds fl(s + b).
+          p[j] = selected(j) ? (has_bias ? z[j] - bias[j] : z[j]) : 0.0f;
+          if (selected(j)) sum = sum + p[j];
+        }
+        if (a.K > 1) {
+          const float inv = 1.0f / (seg_sum<LANES>(sum) + kEps);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) p[j] = p[j] * inv;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) p[j] = selected(j) ? a.scaling * p[j] : 0.0f;
+      if (n > 0) store8(static_cast<TIn*>(a.probs) + off, vec && n == 8, n, p);
+    }
+    if (n > 0) {
+      uint8_t* dst = a.map + row * mapw + (a.bitmap ? e0 / 8 : e0);
+      store_map8(dst, a.bitmap != 0, vec && n == 8, n, selbits);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backward: topk_router (SPEC §1.3; TG = TO = the cotangent's dtype) and aux_loss_scores (§2;
 // TG = f32, TO = the logits' dtype; every expert counts as routed and sums always normalise).
 
@@ -606,6 +939,7 @@ struct BwdArgs {
 
 template <class TG, class TO, int LANES, int VPT>
 __global__ void __launch_bounds__(kBlock) bwd_kernel(const BwdArgs a) {
+  pdl_wait_and_trigger();
   constexpr int RPB = kBlock / LANES;
   constexpr int NCH = VPT / 8;
   constexpr bool kRegs = VPT <= 32;
@@ -719,14 +1053,55 @@ __global__ void __launch_bounds__(kBlock) bwd_kernel(const BwdArgs a) {
 // ---------------------------------------------------------------------------------------------
 // Host-side launch: picks the layout for E and the grid.
 
-int grid_for_rows(int64_t rows, int rows_per_block);  // defined in gpu/topk_router.cu
+// Blocks for `rows` rows at rows_per_block rows a block: enough to fill the chip (at most
+// blocks_per_sm resident blocks on every SM); the kernels stride over the rest.
+int grid_for_rows(int64_t rows, int rows_per_block, int blocks_per_sm = 64);  // topk_router.cu
+// Launch switches (gpu/topk_router.cu), read once from the environment: MOE_ROUTER_PDL (default
+// 1: launch with the programmatic-stream-serialization attribute) and MOE_ROUTER_FAST (default 1:
+// fwd8_kernel where it applies; 0 forces fwd_kernel, for comparisons).
+bool launch_pdl();
+bool use_fast_fwd();
+
+template <class... KArgs>
+void launch_rows(void (*kernel)(KArgs...), int64_t rows, int lanes, int blocks_per_sm,
+                 cudaStream_t s, const KArgs&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid_for_rows(rows, kBlock / lanes, blocks_per_sm)));
+  cfg.blockDim = dim3(kBlock);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = launch_pdl() ? 1 : 0;
+  MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// Whether fwd8_kernel handles these arguments (see there).
+inline bool fast_fwd_applies(const FwdArgs& a) {
+  if (score::row_layout(a.E).slots != 8 || !use_fast_fwd()) return false;
+  if (a.gk <= 0) return true;
+  const int Eg = a.E / a.G;
+  const int W = Eg / 8;
+  return Eg % 8 == 0 && (W & (W - 1)) == 0;
+}
 
 template <class TIn, bool kAux>
 void launch_fwd(const FwdArgs& a, cudaStream_t s) {
   const score::RowLayout l = score::row_layout(a.E);
+  const bool fast = fast_fwd_applies(a);
   auto go = [&](auto lanes_c, auto vpt_c) {
     constexpr int L = decltype(lanes_c)::value, V = decltype(vpt_c)::value;
-    fwd_kernel<TIn, L, V, kAux><<<grid_for_rows(a.T, kBlock / L), kBlock, 0, s>>>(a);
+    if constexpr (V == 8) {
+      if (fast) {
+        // One wave of resident blocks (__launch_bounds__(kBlock, 4)): each warp then handles
+        // several rows, so the per-block setup (bias, groups) is paid once per wave, not per row.
+        launch_rows(fwd8_kernel<TIn, L, kAux>, a.T, L, 4, s, a);
+        return;
+      }
+    }
+    launch_rows(fwd_kernel<TIn, L, V, kAux>, a.T, L, 64, s, a);
   };
   using std::integral_constant;
   if (l.lanes == 1)
@@ -747,7 +1122,6 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
     go(integral_constant<int, 32>{}, integral_constant<int, 32>{});
   else
     go(integral_constant<int, 32>{}, integral_constant<int, 128>{});
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class TG, class TO>
@@ -755,7 +1129,7 @@ void launch_bwd(const BwdArgs& a, cudaStream_t s) {
   const score::RowLayout l = score::row_layout(a.E);
   auto go = [&](auto lanes_c, auto vpt_c) {
     constexpr int L = decltype(lanes_c)::value, V = decltype(vpt_c)::value;
-    bwd_kernel<TG, TO, L, V><<<grid_for_rows(a.T, kBlock / L), kBlock, 0, s>>>(a);
+    launch_rows(bwd_kernel<TG, TO, L, V>, a.T, L, 64, s, a);
   };
   using std::integral_constant;
   if (l.lanes == 1)
@@ -776,7 +1150,6 @@ void launch_bwd(const BwdArgs& a, cudaStream_t s) {
     go(integral_constant<int, 32>{}, integral_constant<int, 32>{});
   else
     go(integral_constant<int, 32>{}, integral_constant<int, 128>{});
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moe::gpu::rowk

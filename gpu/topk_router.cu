@@ -3,6 +3,7 @@
 #include "gpu/topk_router.cuh"
 
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -15,15 +16,33 @@ static_assert(kMaxExperts <= score::kMaxRowExperts,
 
 namespace rowk {
 
-int grid_for_rows(int64_t rows, int rows_per_block) {
-  static const int cap = [] {
-    int dev = 0, sms = 0;
+int grid_for_rows(int64_t rows, int rows_per_block, int blocks_per_sm) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
     MOE_CUDA_CHECK(cudaGetDevice(&dev));
-    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms * 64;  // enough resident blocks to fill the chip; the kernels stride over rows
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
   }();
+  const int64_t cap = static_cast<int64_t>(sms) * blocks_per_sm;
   const int64_t need = (rows + rows_per_block - 1) / rows_per_block;
   return static_cast<int>(need < cap ? need : cap);
+}
+
+namespace {
+bool env_flag(const char* name, bool def) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return def;
+  return std::string(v) != "0";
+}
+}  // namespace
+
+bool launch_pdl() {
+  static const bool on = env_flag("MOE_ROUTER_PDL", true);
+  return on;
+}
+bool use_fast_fwd() {
+  static const bool on = env_flag("MOE_ROUTER_FAST", true);
+  return on;
 }
 
 }  // namespace rowk

@@ -72,9 +72,26 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
       out.scores.set(t, e, sc[e]);
       out.saved_scores.set(t, e, u[e]);
     }
-    // routing_map: canonical top-K of the fp32 scores (value desc, index asc).
-    std::vector<float> s32(E);
-    for (int64_t e = 0; e < E; ++e) s32[e] = static_cast<float>(sc[e]);
+    // routing_map: canonical top-K (value desc, index asc) of the fp32 scores the CUDA kernel
+    // selects on (SPEC §1.4 "Selection is defined on fp32 values"): score_fn.h's functions, its
+    // row_sum_f32 order and the same fp32 normalisation, so both sides see bitwise equal values.
+    std::vector<float> x32(E), s32(E);
+    for (int64_t e = 0; e < E; ++e) x32[e] = static_cast<float>(logits.at(t, e));
+    switch (f) {
+      case ScoreFunction::softmax:
+        score::softmax_f32(x32.data(), s32.data(), E);
+        break;
+      case ScoreFunction::sigmoid:
+      case ScoreFunction::sqrtsoftplus: {
+        for (int64_t e = 0; e < E; ++e) {
+          s32[e] = f == ScoreFunction::sigmoid ? score::sigmoid_f32(x32[e])
+                                               : score::sqrtsoftplus_f32(x32[e]);
+        }
+        const float den = score::row_sum_f32(s32.data(), E) + kRouterEps;
+        for (int64_t e = 0; e < E; ++e) s32[e] = s32[e] / den;
+        break;
+      }
+    }
     std::vector<int> idx(E);
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s32[a] > s32[b]; });

@@ -29,6 +29,8 @@ default="GpuRouterWide.*:GpuRouterRegression.*:GpuRouterErrors.*:GpuRouterLimits
 for op in topk_router aux_loss_scores moe_aux_loss; do default+=":AllGpuOps/RegistryGpu.*/$op"; done
 filter=${SANITIZE_FILTER:-$default}
 export RC_PARAMS=${SANITIZE_RC_PARAMS:-"seed=20261122 max_success=8 max_size=16"}
+# Plain cudaMalloc/cudaFree (gpu/runtime.cu's buffer cache off), so the leak check sees real frees.
+export MOE_GPU_NO_CACHE=1
 mkdir -p "$logs"
 
 status=0

@@ -3,12 +3,14 @@
 // Selection (top-k) is defined on fp32 values (SPEC §1.4), so the CPU reference and the CUDA
 // kernels must compute the same fp32 score bit for bit, or near-ties resolve differently. The
 // libraries' expf/log1pf differ by ulps between glibc and CUDA, so this header implements exp and
-// log1p with plain IEEE fp32 add/sub/mul/div/sqrt/reciprocal, integer bit operations and a
-// 32-entry table of 2^(j/32) only. Each operation is correctly rounded on both sides, provided
-// there is no FMA contraction (host: -ffp-contract=off; nvcc: --fmad=false, both set by
-// CMakeLists.txt) and denormals are kept (no fast-math).
-// Accuracy against double, measured over a sweep of 2M fp32 inputs: exp_f32 0.74 ulp, log1p_f32
-// 2.1 ulp, sigmoid_f32 2.4 ulp, sqrtsoftplus_f32 1.4 ulp (including subnormal-range results).
+// log1p with plain IEEE fp32 add/sub/mul/div/sqrt, rounding to an integer and integer bit
+// operations only (exp: Cody-Waite reduction and Cephes' polynomial, no table), plus a correctly
+// rounded reciprocal on [1, 2]. Each operation is correctly rounded on both sides, provided there
+// is no FMA contraction (host: -ffp-contract=off; nvcc: --fmad=false, both set by CMakeLists.txt)
+// and denormals are kept (no fast-math).
+// Accuracy against double: exp_f32 0.97 ulp (4M inputs in [-104, 88.7]); sigmoid_f32 and
+// sqrtsoftplus_f32 are checked over [-200, 40] including the subnormal range of e^x
+// (tests/cpu/test_router.cpp, ScoreFn.*).
 //
 // Row sums: the CUDA row kernels hold a row as `lanes` lanes of `slots` values each (row_layout);
 // each lane adds its slots in order, then the lanes combine by an xor butterfly. row_sum_f32
@@ -54,71 +56,56 @@ MOE_HD float pow2_f32(int n) {
   return bits_float(static_cast<uint32_t>(n + 127) << 23);
 }
 
-MOE_HD float floor_f32(float x) {
+MOE_HD float fmax_f32(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return floorf(x);
+  return fmaxf(a, b);
 #else
-  return std::floor(x);
+  return std::fmax(a, b);
+#endif
+}
+MOE_HD float fmin_f32(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return fminf(a, b);
+#else
+  return std::fmin(a, b);
+#endif
+}
+MOE_HD float rint_f32(float x) {
+#ifdef __CUDA_ARCH__
+  return rintf(x);
+#else
+  return std::nearbyint(x);  // round to nearest even (the default rounding mode)
 #endif
 }
 
-// 2^(j/32) for j = 0..31 as a pair of floats (hi, lo) with hi + lo accurate to ~2^-49.
-#define MOE_EXP2_TABLE                                                                        \
-  {                                                                                           \
-    0x1.p+0f, 0.0f, 0x1.059b0ep+0f, -0x1.9d4f52p-25f, 0x1.0b5586p+0f, 0x1.9f3122p-25f,        \
-        0x1.11301ep+0f, -0x1.fdb496p-25f, 0x1.172b84p+0f, -0x1.c15742p-27f, 0x1.1d4874p+0f,   \
-        -0x1.d2e8cap-25f, 0x1.2387a6p+0f, 0x1.ceac48p-25f, 0x1.29e9e0p+0f, -0x1.5c0424p-25f,  \
-        0x1.306fe0p+0f, 0x1.4636e2p-25f, 0x1.371a74p+0f, -0x1.18aac6p-25f, 0x1.3dea64p+0f,    \
-        0x1.824684p-25f, 0x1.44e086p+0f, 0x1.8624b4p-30f, 0x1.4bfdaep+0f, -0x1.593abcp-25f,   \
-        0x1.5342b6p+0f, -0x1.2c5610p-25f, 0x1.5ab07ep+0f, -0x1.5bd5ecp-27f, 0x1.6247ecp+0f,   \
-        -0x1.f8b550p-25f, 0x1.6a09e6p+0f, 0x1.9fcef4p-26f, 0x1.71f75ep+0f, 0x1.1d8beep-25f,   \
-        0x1.7a1148p+0f, -0x1.829fd0p-25f, 0x1.82589ap+0f, -0x1.accc7cp-26f, 0x1.8ace54p+0f,   \
-        0x1.15506ep-27f, 0x1.93737cp+0f, -0x1.e64744p-25f, 0x1.9c4918p+0f, 0x1.51f848p-27f,   \
-        0x1.a5503cp+0f, -0x1.b83b54p-25f, 0x1.ae89fap+0f, -0x1.a94b14p-26f, 0x1.b7f770p+0f,   \
-        -0x1.a09438p-25f, 0x1.c199bep+0f, -0x1.3d56b2p-27f, 0x1.cb720ep+0f, -0x1.8837ccp-27f, \
-        0x1.d5818ep+0f, -0x1.822dbcp-27f, 0x1.dfc974p+0f, -0x1.908c94p-25f, 0x1.ea4afap+0f,   \
-        0x1.52486cp-27f, 0x1.f50766p+0f, -0x1.246eb0p-26f,                                    \
-  }
-inline constexpr float kExp2TabHost[64] = MOE_EXP2_TABLE;
-#ifdef __CUDACC__
-static __device__ const float kExp2TabDev[64] = MOE_EXP2_TABLE;
-#endif
-MOE_HD float exp2_tab(int i) {
-#ifdef __CUDA_ARCH__
-  return __ldg(&kExp2TabDev[i]);
-#else
-  return kExp2TabHost[i];
-#endif
+// e^x for x in [-104, 88.72283935546875] (no range checks; exp_f32 adds them). Cody-Waite
+// reduction x = n ln2 + r, |r| <= ln2/2 + tiny, with ln2 = C1 + C2 where C1 has 9 significant bits
+// (n * C1 and x - n * C1 are exact for |n| <= 151); e^r = 1 + r + r^2 P(r) with Cephes' degree-5
+// P; then the exact scaling by 2^n in two steps 2^(n >> 1) * 2^(n - (n >> 1)), both factors normal,
+// so a subnormal result is rounded once. Table-free and branch-free: ~24 instructions on the GPU.
+MOE_HD float exp_core_f32(float xc) {
+  const float kInvLn2 = 1.44269502162933349609f;
+  const float kC1 = 0.693359375f;
+  const float kC2 = -2.12194440e-4f;
+  const float nf = rint_f32(xc * kInvLn2);
+  const int n = static_cast<int>(nf);  // [-150, 128]
+  const float r = (xc - nf * kC1) - nf * kC2;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = (p * (r * r) + r) + 1.0f;
+  const int n1 = n >> 1;  // arithmetic shift: floor(n / 2)
+  return (e * pow2_f32(n1)) * pow2_f32(n - n1);
 }
 
-// e^x. Range reduction x = (32k + j) ln2/32 + r with |r| <= ln2/64 (ln2/32 split in two so that
-// n * kHi is exact), e^r - 1 by a degree-5 polynomial, the table value 2^(j/32) = hi + lo, then an
-// exact scaling by 2^k (two steps when the result is subnormal or k = 128). Written with selects
-// rather than branches so a warp never diverges on it.
+// e^x: +inf above 88.72283935546875 (where e^x overflows), NaN for NaN, 0 below -104 (e^-104 is
+// less than half the smallest subnormal).
 MOE_HD float exp_f32(float x) {
-#ifndef __CUDA_ARCH__
-  if (x != x) return x;  // (the device maps NaN through the final select; no branch there)
-#endif
-  const float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
-  const float k32InvLn2 = 46.16624069213867f;
-  const float kHi = 0.02166748046875f;        // ln2/32 to 9 significant bits
-  const float kLo = -6.631076303165173e-06f;  // ln2/32 - kHi
-  const float nf = floor_f32(xc * k32InvLn2 + 0.5f);
-  const int n = static_cast<int>(nf);  // [-4802, 4109]
-  const int j = n & 31;
-  const int k = (n - j) / 32;  // exact: floor(n / 32)
-  const float r = (xc - nf * kHi) - nf * kLo;
-  float q = 1.0f / 120.0f;
-  q = q * r + 1.0f / 24.0f;
-  q = q * r + 1.0f / 6.0f;
-  q = q * r + 0.5f;
-  const float pm1 = r + (r * r) * q;  // e^r - 1
-  const float hi = exp2_tab(2 * j), lo = exp2_tab(2 * j + 1);
-  const float p = hi + (hi * pm1 + lo);
-  const int k1 = k < -126 ? k + 64 : (k > 127 ? 127 : k);
-  const float s2 = k < -126 ? pow2_f32(-64) : (k > 127 ? pow2_f32(k - 127) : 1.0f);
-  const float y = (p * pow2_f32(k1)) * s2;
-  return x != x ? x : (x > 88.72283935546875f ? INFINITY : (x < -103.972084045410156f ? 0.0f : y));
+  const float y = exp_core_f32(fmin_f32(fmax_f32(x, -104.0f), 88.72283935546875f));
+  return x > 88.72283935546875f ? INFINITY : (x != x ? x : y);
 }
 
 // log(1 + y) for y >= 0 (the softplus range), fdlibm's method in fp32: u = fl(1 + y) = m 2^k with
@@ -154,21 +141,27 @@ MOE_HD float log1p_f32(float y) {
   return kf * kLn2Hi - ((hfsq - (s * (hfsq + R) + (kf * kLn2Lo + c))) - f);
 }
 
-// sigma(x) = 1 / (1 + e^-x); for x < 0 as e^x / (1 + e^x), which stays accurate (and non-zero)
-// where e^-x overflows.
-MOE_HD float rcp_f32(float x) {
+// 1 / x, correctly rounded, for x in [1, 2]. The device uses the fast path of __frcp_rn (an
+// approximate reciprocal and one Newton step in FMA, exact IEEE rounding for normal x), without
+// its slow-path test, which x in [1, 2] never takes.
+MOE_HD float rcp_1to2_f32(float x) {
 #ifdef __CUDA_ARCH__
-  return __frcp_rn(x);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  const float e = __fmaf_rn(x, r, -1.0f);
+  return __fmaf_rn(r, -e, r);
 #else
   return 1.0f / x;
 #endif
 }
 
-// Both branches as t * (1 / (1 + t)): one correctly rounded reciprocal instead of a division.
+// sigma(x) = 1 / (1 + t) for x >= 0 and t / (1 + t) for x < 0, with t = e^-|x| (which stays
+// accurate, and non-zero, where e^-x would overflow): one correctly rounded reciprocal, no
+// division. NaN gives an unspecified value (SPEC §0: non-finite inputs).
 MOE_HD float sigmoid_f32(float x) {
-  const float ax = x < 0.0f ? -x : x;
-  const float t = exp_f32(-ax);
-  const float inv = rcp_f32(1.0f + t);
+  const float nax = x < 0.0f ? x : -x;  // -|x|
+  const float t = exp_core_f32(fmax_f32(nax, -104.0f));
+  const float inv = rcp_1to2_f32(1.0f + t);
   return x >= 0.0f ? inv : t * inv;
 }
 

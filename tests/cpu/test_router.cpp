@@ -5,11 +5,14 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 #include <set>
 
 #include "harness/core/rng.h"
+#include "harness/core/score_fn.h"
 #include "harness/ops/check.h"
 #include "harness/ops/router_family.h"
 #include "reference/aux_loss.h"
@@ -108,6 +111,77 @@ TEST(Router, SelectionIsOnFp32Scores) {
   Tensor logits = Tensor::from(DType::f32, {1, 3}, {17.0, 18.0, 0.0});
   const auto out = ref::topk_router_fwd(logits, nullptr, params(1));
   EXPECT_EQ(selected(out.routing_map, 0), (std::set<int>{0}));
+}
+
+// The fp32 score functions (harness/core/score_fn.h), shared bit for bit by the reference's
+// selection and the CUDA kernels, against double over their whole range, including the logits
+// below about -87 where e^x (and so sigma(x) and softplus(x)) is subnormal in fp32: sigma(x) must
+// stay accurate down to its subnormal results, and sqrt(softplus(x)) = e^(x/2) (which is normal
+// down to x = -174) must not inherit the underflow of softplus(x).
+double ulp_f32_of(double v) {
+  int e = 0;
+  std::frexp(std::fabs(v), &e);
+  return std::ldexp(1.0, std::max(e - 24, -149));  // subnormal ulp below 2^-126
+}
+
+TEST(ScoreFn, SigmoidAndSqrtSoftplusAccurateIncludingDeepNegativeLogits) {
+  Rng rng(5, "score_fn");
+  double worst_sig = 0, worst_ssp = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const float x =
+        static_cast<float>(i % 2 == 0 ? rng.uniform(-200.0, 40.0) : rng.uniform(-120.0, -80.0));
+    const double xd = x;
+    const double sig = xd >= 0 ? 1.0 / (1.0 + std::exp(-xd)) : std::exp(xd) / (1.0 + std::exp(xd));
+    const double sp = xd > 20.0 ? xd : std::log1p(std::exp(xd));
+    const double ssp = std::sqrt(sp);
+    const double es = std::fabs(score::sigmoid_f32(x) - sig) / ulp_f32_of(sig);
+    const double eq = std::fabs(score::sqrtsoftplus_f32(x) - ssp) / ulp_f32_of(ssp);
+    worst_sig = std::max(worst_sig, es);
+    worst_ssp = std::max(worst_ssp, eq);
+    ASSERT_LE(es, 3.0) << "sigmoid_f32(" << x << ") = " << score::sigmoid_f32(x) << ", want "
+                       << sig;
+    ASSERT_LE(eq, 2.0) << "sqrtsoftplus_f32(" << x << ") = " << score::sqrtsoftplus_f32(x)
+                       << ", want " << ssp;
+  }
+  // Deep negative logits: normal, non-zero results where e^x itself is subnormal or zero.
+  EXPECT_GT(score::sqrtsoftplus_f32(-150.0f), 0.0f);
+  EXPECT_NEAR(score::sqrtsoftplus_f32(-150.0f), std::exp(-75.0), 2 * ulp_f32_of(std::exp(-75.0)));
+  EXPECT_GT(score::sigmoid_f32(-100.0f), 0.0f);  // e^-100 = 3.7e-44, a subnormal float
+  RecordProperty("sigmoid_max_ulp", std::to_string(worst_sig));
+  RecordProperty("sqrtsoftplus_max_ulp", std::to_string(worst_ssp));
+}
+
+// aux_loss_scores selects on the fp32 scores the kernel computes (score_fn.h, row_sum_f32 order,
+// fp32 normalisation), not on rounded double scores: the reference's routing_map is the canonical
+// top-K of exactly those values.
+TEST(AuxLossScores, SelectsOnKernelFp32Scores) {
+  Rng rng(9, "aux_sel");
+  for (ScoreFunction f :
+       {ScoreFunction::softmax, ScoreFunction::sigmoid, ScoreFunction::sqrtsoftplus}) {
+    const int64_t T = 64, E = 40, K = 5;
+    Tensor logits(DType::bf16, {T, E});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) logits.set(t, e, std::round(rng.uniform(-4.0, 4.0) * 4) / 4);
+    const auto out = ref::aux_loss_scores_fwd(logits, K, f, MapFormat::bytemap);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> x(E), s(E);
+      for (int64_t e = 0; e < E; ++e) x[e] = static_cast<float>(logits.at(t, e));
+      if (f == ScoreFunction::softmax) {
+        score::softmax_f32(x.data(), s.data(), E);
+      } else {
+        for (int64_t e = 0; e < E; ++e)
+          s[e] = f == ScoreFunction::sigmoid ? score::sigmoid_f32(x[e])
+                                             : score::sqrtsoftplus_f32(x[e]);
+        const float den = score::row_sum_f32(s.data(), E) + kRouterEps;
+        for (int64_t e = 0; e < E; ++e) s[e] = s[e] / den;
+      }
+      std::vector<int> idx(E);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s[a] > s[b]; });
+      std::set<int> want(idx.begin(), idx.begin() + K);
+      ASSERT_EQ(selected(out.routing_map, t), want) << score_function_name(f) << " row " << t;
+    }
+  }
 }
 
 // --- R15: optional expert bias -------------------------------------------------------------------

@@ -379,6 +379,42 @@ TEST(GpuRouterRegression, R15_OptionalExpertBias) {
   }
 }
 
+// E not a multiple of 8 with every selection score negative (sigmoid or sqrtsoftplus plus a bias
+// below -1): the padding slots of the last lane (score 0 there) must never count as candidates
+// above the K-th value. Bitwise-equal fp32 scores on both sides, so the selections must be equal.
+TEST(GpuRouterRegression, NegativeBiasWithPartialLastLane) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(31, "neg_bias");
+  for (const char* f : {"sigmoid", "sqrtsoftplus"}) {
+    for (int64_t E : {5, 13, 70, 100, 250}) {
+      for (int64_t K : {int64_t{1}, int64_t{2}, E}) {
+        const int64_t T = 37;
+        Tensor x(DType::f32, {T, E});
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t e = 0; e < E; ++e) x.set(t, e, rng.uniform(-3.0, 3.0));
+        Tensor b(DType::f32, {E});
+        for (int64_t e = 0; e < E; ++e) b.set(e, -2.0 - rng.uniform(0.0, 1.0));
+        RouterParams p;
+        p.topk = K;
+        p.score_function = parse_score_function(f);
+        const ref::TopkRouterFwd want = ref::topk_router_fwd(x, &b, p);
+        const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
+        const gpu::DeviceTensor db = gpu::DeviceTensor::upload(b);
+        gpu::TopkRouterFwd got = gpu::topk_router_fwd_outputs(dx.meta(), p);
+        got.routing_map.fill_bytes(0xFF);
+        gpu::topk_router_fwd_into(dx, &db, p, got);
+        const Tensor map = got.routing_map.download();
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t e = 0; e < E; ++e) {
+            ASSERT_EQ(routing_map_get(map, t, e), routing_map_get(want.routing_map, t, e))
+                << f << " E=" << E << " K=" << K << " row " << t << " expert " << e;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- size limits ----------------------------------------------------------------------------
 
 // T*E > 2^31: E=256, T = 2^23 + 64 (DeepSeek-V3 parameters, bitmap). The bulk is one repeated row
