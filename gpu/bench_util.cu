@@ -1,10 +1,16 @@
 #include "gpu/bench_util.cuh"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
+
+#include "gpu/grouped_gemm.cuh"
 
 namespace moe::gpu {
 
@@ -23,6 +29,21 @@ struct Events {
   }
   Events(const Events&) = delete;
   Events& operator=(const Events&) = delete;
+};
+
+// Makes st wait for the work enqueued so far on the legacy default stream (a non-blocking stream
+// does not), so events on st bracket launches that went there too. No-op when st is itself null.
+struct LegacyJoin {
+  cudaEvent_t e = nullptr;
+  LegacyJoin() { MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+  ~LegacyJoin() { cudaEventDestroy(e); }
+  LegacyJoin(const LegacyJoin&) = delete;
+  LegacyJoin& operator=(const LegacyJoin&) = delete;
+  void operator()(cudaStream_t st) const {
+    if (st == nullptr) return;
+    MOE_CUDA_CHECK(cudaEventRecord(e, cudaStreamLegacy));
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(st, e, 0));
+  }
 };
 
 TimingStats stats_of(std::vector<double> per_launch_ms, int per_sample) {
@@ -49,11 +70,14 @@ TimingStats time_launches(const std::function<void(int)>& launch, int warmup, in
   MOE_CUDA_CHECK(cudaGetLastError());
   MOE_CUDA_CHECK(cudaStreamSynchronize(st));
   Events ev;
+  const LegacyJoin join;
   std::vector<double> ms;
   ms.reserve(static_cast<size_t>(samples));
   for (int k = 0; k < samples; ++k) {
+    join(st);
     MOE_CUDA_CHECK(cudaEventRecord(ev.a, st));
     for (int j = 0; j < per_sample; ++j) launch(i++);
+    join(st);
     MOE_CUDA_CHECK(cudaEventRecord(ev.b, st));
     MOE_CUDA_CHECK(cudaEventSynchronize(ev.b));
     MOE_CUDA_CHECK(cudaGetLastError());
@@ -113,9 +137,12 @@ TimingStats time_launches_auto(const std::function<void(int)>& launch, int sampl
                                double min_sample_ms, int max_per_sample) {
   const Stream s = bench_stream();
   auto st = reinterpret_cast<cudaStream_t>(s);
-  // Calibrate with direct launches: warm up, then time 5 launches to size the samples.
-  const TimingStats cal = time_launches(launch, 3, 3, 5, s);
-  const double per = std::max(cal.median_ms, 1e-4);
+  // Calibrate with direct launches: warm up, time one launch, and where that is shorter than a
+  // sample, 3 x 5 more to size the samples (a launch of milliseconds needs no more).
+  const TimingStats one = time_launches(launch, 2, 1, 1, s);
+  const double per = std::max(
+      one.median_ms >= min_sample_ms ? one.median_ms : time_launches(launch, 1, 3, 5, s).median_ms,
+      1e-4);
   const int per_sample =
       std::clamp(static_cast<int>(std::ceil(min_sample_ms / per)), 1, max_per_sample);
   samples = std::max(samples, 20);
@@ -168,6 +195,108 @@ CopyBandwidth measure_copy_bandwidth(size_t bytes, int samples, Stream s) {
   }
   MOE_CUDA_CHECK(cudaFree(src));
   MOE_CUDA_CHECK(cudaFree(dst));
+  return r;
+}
+
+namespace {
+
+void check_blas(cublasStatus_t st, const char* what, int line) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(st) + " in " + what +
+                           " at " + __FILE__ + ":" + std::to_string(line));
+}
+#define MOE_BENCH_BLAS(call) check_blas((call), #call, __LINE__)
+
+cudaDataType_t blas_type(DType d) {
+  switch (d) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      break;
+  }
+  throw std::invalid_argument("dense GEMM: unsupported dtype " + std::string(dtype_name(d)));
+}
+
+int blas_int(int64_t v, const char* what) {
+  if (v < 1 || v > INT_MAX) {
+    throw std::invalid_argument(std::string("dense GEMM: ") + what + " = " + std::to_string(v) +
+                                " outside [1, INT_MAX]");
+  }
+  return static_cast<int>(v);
+}
+
+// A cuBLAS handle on s with the grouped GEMM's settings and its own workspace.
+struct BenchBlas {
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  cublasHandle_t h = nullptr;
+  void* ws = nullptr;
+  explicit BenchBlas(cudaStream_t s) {
+    MOE_BENCH_BLAS(cublasCreate(&h));
+    MOE_BENCH_BLAS(cublasSetStream(h, s));  // before the workspace: SetStream resets it
+    MOE_CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes));
+    MOE_BENCH_BLAS(cublasSetWorkspace(h, ws, kWorkspaceBytes));
+    MOE_BENCH_BLAS(cublasSetMathMode(
+        h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    MOE_BENCH_BLAS(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+  }
+  ~BenchBlas() {
+    cublasDestroy(h);
+    cudaFree(ws);
+  }
+  BenchBlas(const BenchBlas&) = delete;
+  BenchBlas& operator=(const BenchBlas&) = delete;
+  // Column-major C[m,n] = op(A) op(B), fp32 accumulation.
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a, int lda,
+            const void* b, int ldb, void* c, int ldc, cudaDataType_t t) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    MOE_BENCH_BLAS(cublasGemmEx(h, ta, tb, m, n, k, &alpha, a, t, lda, b, t, ldb, &beta, c, t, ldc,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+};
+
+}  // namespace
+
+DenseGemmTiming time_dense_gemm(DType d, int64_t m, int64_t k, int64_t n, bool with_bwd,
+                                int samples) {
+  const int M = blas_int(m, "m"), K = blas_int(k, "k"), N = blas_int(n, "n");
+  const cudaDataType_t t = blas_type(d);
+  auto st = reinterpret_cast<cudaStream_t>(bench_stream());
+  DenseGemmTiming r;
+  r.m = m;
+  r.k = k;
+  r.n = n;
+  const BenchBlas blas(st);
+  DeviceTensor a(d, {m, k}), b(d, {k, n}), c(d, {m, n});
+  gemm_detail::fill_hash_uniform(a, 0xA11CE, -1.0, 1.0, bench_stream());
+  gemm_detail::fill_hash_uniform(b, 0xB0B, -1.0, 1.0, bench_stream());
+  // Row-major c = a . b is column-major c^T[n,m] = b^T[n,k] . a^T[k,m].
+  const auto fwd = [&] {
+    blas.gemm(CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, b.data(), N, a.data(), K, c.data(), N, t);
+  };
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+  r.fwd = time_launches_auto([&](int) { fwd(); }, samples);
+  r.fwd_tflops = flops / (r.fwd.median_ms * 1e-3) / 1e12;
+  if (with_bwd) {
+    DeviceTensor g(d, {m, n}), da(d, {m, k}), db(d, {k, n});
+    gemm_detail::fill_hash_uniform(g, 0x6EAD, -1.0, 1.0, bench_stream());
+    r.fwd_bwd = time_launches_auto(
+        [&](int) {
+          fwd();
+          // da[m,k] = g . b^T: column-major da^T[k,m] = b[k,n] (b^T stored, op T) . g^T[n,m].
+          blas.gemm(CUBLAS_OP_T, CUBLAS_OP_N, K, M, N, b.data(), N, g.data(), N, da.data(), K, t);
+          // db[k,n] = a^T . g: column-major db^T[n,k] = g^T[n,m] . a[m,k] (a^T stored, op T).
+          blas.gemm(CUBLAS_OP_N, CUBLAS_OP_T, N, K, M, g.data(), N, a.data(), K, db.data(), N, t);
+        },
+        samples);
+    r.fwd_bwd_tflops = 3.0 * flops / (r.fwd_bwd.median_ms * 1e-3) / 1e12;
+  }
+  MOE_CUDA_CHECK(cudaStreamSynchronize(st));
   return r;
 }
 

@@ -12,10 +12,13 @@
 //    replays, so microsecond kernels are timed on the GPU rather than at the CPU's launch rate
 //    (the benchmark's launch functions must enqueue on bench_stream(); where one does not, the
 //    capture is empty or fails and timing falls back to direct launches);
-//  - the statistic is over >= 20 samples, per launch: median, min, max.
+//  - the statistic is over >= 20 samples, per launch: median, min, max;
+//  - each sample's events also wait for the legacy default stream, so a launch function that
+//    enqueues there (stream nullptr) is still timed, by direct launches.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -52,6 +55,21 @@ struct CopyBandwidth {
 };
 CopyBandwidth measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int samples = 25,
                                      Stream s = nullptr);
+
+// The dense baseline of GEMM-like ops: one cublasGemmEx of m x k x n in dtype d (row-major, fp32
+// accumulation, no reduced-precision split-K reductions and a fixed 32 MiB workspace: the settings
+// of gpu/grouped_gemm.cuh), operands filled with seeded uniform values, timed on bench_stream()
+// with time_launches_auto:
+//   fwd      c[m,n] = a[m,k] . b[k,n]                                               2mkn FLOPs
+//   fwd_bwd  fwd, then dgrad da[m,k] = g[m,n] . b^T and wgrad db[k,n] = a^T . g     6mkn FLOPs
+// Its buffers (a few GB at the issue's shapes) are freed before it returns.
+struct DenseGemmTiming {
+  int64_t m = 0, k = 0, n = 0;
+  TimingStats fwd, fwd_bwd;  // fwd_bwd.samples == 0 when not measured
+  double fwd_tflops = 0, fwd_bwd_tflops = 0;
+};
+DenseGemmTiming time_dense_gemm(DType d, int64_t m, int64_t k, int64_t n, bool with_bwd,
+                                int samples = 25);
 
 // How many input/output sets of `bytes_per_set` to rotate among so their total is at least three
 // times the L2 cache, capped at max_sets and at a quarter of the free device memory.

@@ -216,43 +216,49 @@ __device__ __forceinline__ Slot decode_slot(const int32_t* rid, long long E, lon
   return s;
 }
 
-// One warp per slot: warp k of token t's CTA copies x[t] to row dst(t,e_k) (a zero row for an
-// R12 zero-prob slot); the CTA's warps read the same x row, so it comes from HBM once. No shared
-// memory and no barrier: every warp moves its row independently.
+// Every row of `permuted` in one pass, in grid-strided work items:
+//   item i < T     token i: warp k of the CTA copies x[t] to row dst(t,e_k) (a zero row for an
+//                  R12 zero-prob slot); the CTA's warps read the same x row, so it comes from HBM
+//                  once;
+//   item T + j     warp w zeroes entry v = nwarps*j + w of the zero list: the padding rows of
+//                  every expert (v < padoff[E], expert found by binary search over padoff), then
+//                  the tail past sum(aligned counts).
+// SPEC §4 requires the padding and tail rows written as +0, so they share the pass and its vector
+// stores instead of a second kernel that could start only after the last token's copy: with
+// align_size = 128 at E = 256 they are a fifth of the rows written. A zero item writes nwarps rows,
+// as a token with K = nwarps slots does, so the grid (as many CTAs as the GPU keeps resident: one
+// wave) gives every CTA the same work within one item. Row stores are streaming (no row of
+// permuted is read back here), leaving the L2 to the x rows. No shared memory, no barrier.
 template <int VB>
 __global__ void __launch_bounds__(kThreads)
-    dispatch_permute_kernel(const uint8_t* x, const int32_t* rid, const int32_t* pad,
-                            const void* probs, void* pprobs, int pcode, uint8_t* out, long long T,
-                            long long E, long long rows, long long row_bytes) {
+    dispatch_rows_kernel(const uint8_t* x, const int32_t* rid, const int32_t* pad,
+                         const void* probs, void* pprobs, int pcode, uint8_t* out, long long T,
+                         long long E, long long rows, long long row_bytes, const long long* kept,
+                         const long long* aoff, const long long* padoff) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const long long nvec = row_bytes / VB;
-  for (long long t = blockIdx.x; t < T; t += gridDim.x) {
-    const long long n = slot_count(rid, E, t, nullptr);
-    for (long long k = warp; k < n; k += nwarps) {
-      const Slot s = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, nullptr);
-      if (s.row < 0) continue;  // only after a capacity fault, already raised
-      bool zero = false;
-      if (probs) {
-        if (lane == 0) copy_elem(pprobs, s.row, probs, t * E + s.e, pcode);
-        zero = load_f(probs, pcode, t * E + s.e) == 0.0f;  // R12: +0 and -0 both
-      }
-      move_row<VB>(out + s.row * row_bytes, zero ? nullptr : x + t * row_bytes, nvec, lane, 32);
-    }
-  }
-}
-
-// Zeroes exactly the rows no routed slot writes: padding rows of every expert, then the tail
-// past sum(aligned counts). Virtual index v < padoff[E] is a padding row (expert found by binary
-// search over padoff), the rest is the tail. One warp per row.
-template <int VB>
-__global__ void dispatch_zero_kernel(uint8_t* out, void* pprobs, int pcode, const long long* kept,
-                                     const long long* aoff, const long long* padoff, long long E,
-                                     long long rows, long long row_bytes) {
-  const int lane = threadIdx.x & 31;
   const long long pads = padoff[E], aligned = aoff[E];
-  const long long total = pads + max(0LL, rows - aligned);
-  for (long long v = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-       v < total; v += (static_cast<long long>(gridDim.x) * blockDim.x) >> 5) {
+  const long long zeros = pads + max(0LL, rows - aligned);
+  const long long items = T + (zeros + nwarps - 1) / nwarps;
+  for (long long it = blockIdx.x; it < items; it += gridDim.x) {
+    if (it < T) {
+      const long long t = it;
+      const long long n = slot_count(rid, E, t, nullptr);
+      for (long long k = warp; k < n; k += nwarps) {
+        const Slot s = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, nullptr);
+        if (s.row < 0) continue;  // only after a capacity fault, already raised
+        bool zero = false;
+        if (probs) {
+          if (lane == 0) copy_elem(pprobs, s.row, probs, t * E + s.e, pcode);
+          zero = load_f(probs, pcode, t * E + s.e) == 0.0f;  // R12: +0 and -0 both
+        }
+        move_row<VB, true>(out + s.row * row_bytes, zero ? nullptr : x + t * row_bytes, nvec, lane,
+                           32);
+      }
+      continue;
+    }
+    const long long v = (it - T) * nwarps + warp;
+    if (v >= zeros) continue;
     long long row;
     if (v < pads) {
       long long lo = 0, hi = E;  // first j in [0,E] with padoff[j] > v, minus one
@@ -269,10 +275,26 @@ __global__ void dispatch_zero_kernel(uint8_t* out, void* pprobs, int pcode, cons
     } else {
       row = aligned + (v - pads);
     }
-    if (row >= rows) continue;
-    move_row<VB>(out + row * row_bytes, nullptr, row_bytes / VB, lane, 32);
+    if (row >= rows) continue;  // padding past the buffer: only after a capacity fault
+    move_row<VB, true>(out + row * row_bytes, nullptr, nvec, lane, 32);
     if (pprobs && lane == 0) zero_elem(pprobs, row, pcode);
   }
+}
+
+// CTAs of dispatch_rows_kernel<VB> the GPU keeps resident at once.
+template <int VB>
+int64_t dispatch_rows_resident() {
+  static const int64_t n = [] {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch_rows_kernel<VB>, kThreads,
+                                                      0) != cudaSuccess ||
+        per_sm < 1) {
+      cudaGetLastError();
+      per_sm = 1;
+    }
+    return static_cast<int64_t>(per_sm) * num_sms();
+  }();
+  return n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -538,23 +560,19 @@ void token_dispatch_fwd_into(const DeviceTensor& x, const DeviceTensor& routing_
     check_launch("row_id_map_kernel");
   }
   const int vb = vec_bytes(row_bytes, {x.data(), out.permuted.data()});
+  if (T == 0 && R == 0) return;
   dispatch_vec(vb, [&](auto v) {
     constexpr int VB = decltype(v)::value;
-    if (T > 0) {
-      const auto* xb = static_cast<const uint8_t*>(x.data());
-      const int32_t* rid = out.row_id_map.data<int32_t>();
-      const void* pr = probs ? probs->data() : nullptr;
-      auto* ob = static_cast<uint8_t*>(out.permuted.data());
-      dispatch_permute_kernel<VB><<<token_grid(T), kThreads, 0, s>>>(
-          xb, rid, opt_i32(out.pad_offsets), pr, pprobs, pcode, ob, T, E, R, row_bytes);
-      check_launch("dispatch_permute_kernel");
-    }
-    if (R > 0) {
-      dispatch_zero_kernel<VB><<<warp_grid(R), kThreads, 0, s>>>(
-          static_cast<uint8_t*>(out.permuted.data()), pprobs, pcode, kept.get(), aoff.get(),
-          padoff.get(), E, R, row_bytes);
-      check_launch("dispatch_zero_kernel");
-    }
+    // Work items: T tokens and at most ceil(R / warps) groups of zero rows (the device knows how
+    // many exactly).
+    const int64_t items = T + ceil_div(R, kThreads / 32);
+    const auto grid = static_cast<unsigned>(std::min(items, dispatch_rows_resident<VB>()));
+    dispatch_rows_kernel<VB><<<grid, kThreads, 0, s>>>(
+        static_cast<const uint8_t*>(x.data()), out.row_id_map.data<int32_t>(),
+        opt_i32(out.pad_offsets), probs ? probs->data() : nullptr, pprobs, pcode,
+        static_cast<uint8_t*>(out.permuted.data()), T, E, R, row_bytes, kept.get(), aoff.get(),
+        padoff.get());
+    check_launch("dispatch_rows_kernel");
   });
 }
 

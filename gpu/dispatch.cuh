@@ -11,9 +11,12 @@
 //                  one CTA scans the E experts: c_e, u-start, aligned counts, pad_offsets, the
 //                  capacity check (R11) -> one warp per token writes its row_id_map row
 //                  (descending experts by ballot compaction).
-//   dispatch fwd   one CTA per token, one warp per slot: warp k copies x[t] to dst(t,e_k) in
-//                  16-byte vectors (the CTA's warps share one HBM read of x[t] through the
-//                  cache); a grid-stride kernel zeroes exactly the padding rows and the tail.
+//   dispatch fwd   one pass writes every row of `permuted` (dispatch_rows_kernel): work items
+//                  are tokens (one CTA, one warp per slot: warp k copies x[t] to dst(t,e_k) in
+//                  16-byte vectors, the CTA's warps sharing one HBM read of x[t] through the
+//                  cache) and groups of the rows no slot writes (padding rows of every expert,
+//                  then the tail: one zero row per warp), grid-strided over one wave of resident
+//                  CTAs, with streaming stores.
 //   dispatch bwd / combine fwd
 //                  one CTA per token gathers its n_t source rows through row_id_map and sums in
 //                  fp32 in slot order (descending expert): a gather, no atomics, deterministic.

@@ -164,7 +164,9 @@ using VecT = typename std::conditional<
 
 // dst row = src row (src == nullptr: zeros), nvec vectors of VB bytes, threads lane..nvec step
 // stride. Four vectors per thread are loaded before any store so enough bytes are in flight.
-template <int VB>
+// kStreaming: streaming stores (st.global.cs, evict-first) for rows the op never reads back, so
+// the L2 keeps the source rows other warps are about to read.
+template <int VB, bool kStreaming = false>
 __device__ __forceinline__ void move_row(void* dst, const void* src, long long nvec, int lane,
                                          int stride) {
   using V = VecT<VB>;
@@ -181,7 +183,13 @@ __device__ __forceinline__ void move_row(void* dst, const void* src, long long n
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const long long i = base + static_cast<long long>(u) * stride;
-      if (i < nvec) d[i] = v[u];
+      if (i < nvec) {
+        if constexpr (kStreaming) {
+          __stcs(d + i, v[u]);
+        } else {
+          d[i] = v[u];
+        }
+      }
     }
   }
 }

@@ -1,16 +1,30 @@
 // `moe-harness bench [--op NAME]... [--json FILE]`: for every registry op with a CUDA benchmark
-// hook and bench cases, first verify the case (check_gpu on the same parameters at a small size),
-// then time forward and backward with CUDA events (median of >= 20 samples after warm-up), and
-// report the achieved bandwidth from OpInfo::cost against a device-to-device copy measured in the
-// same run:
+// hook and bench cases, first verify the case (check_gpu on the same parameters at a small size:
+// OpInfo::bench_verify_case, or the row count cut to --verify-rows), then time it with CUDA events
+// (median of >= 20 samples after warm-up, gpu/bench_util.cuh) on inputs that stay on the device:
+// generated there at full size by OpInfo::gpu_bench_device where the record has it (or the
+// pending hooks of harness/ops/bench_device.h), else made on the host by make_inputs and
+// uploaded. Each case's buffers are freed before the next case.
 //
-//   op           case          dir   verified   median_us   GB/s   %copy
+// What a row reports depends on the op (OpInfo::Bench hints):
+//   memory-bound (default)  fwd, bwd rows: GB/s from OpInfo::cost bytes, % of a device-to-device
+//                           copy measured in the same run; a note gives a second byte count
+//                           where the record supplies one (e.g. an issue's formula)
+//   GEMM-like (dense_m/k/n) fwd, fwd+bwd rows: TFLOP/s from cost flops, % of one dense cuBLAS
+//                           GEMM of equal FLOPs timed in the same run (fwd; fwd + dgrad + wgrad)
+//   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops)
 //
-// Exit status: 0 all cases verified, 1 a verification failed, 2 bad usage or no GPU.
+//   op  case  dir  verified  median_us  min_us  GB/s  %copy  TFLOP/s  %dense  tokens/s  graph
+//
+// --json FILE writes the same fields per row (rewritten after every case; "complete": true at the
+// end). Exit status: 0 all cases verified and timed, 1 a verification or a benchmark failed, 2 bad
+// usage or no GPU.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -22,14 +36,15 @@
 
 #ifdef MOE_WITH_CUDA
 #include "gpu/bench_util.cuh"
+#include "harness/ops/bench_device.h"
 #endif
 
 namespace moe::tools {
 
 namespace {
 
-// The case the benchmark verifies first: the same op, dtype, regime and parameters with the row
-// count (T for router ops, R for per-row reductions) cut to `rows`.
+// The default verification case: the same op, dtype, regime and parameters with the row count
+// (T for router ops, R for per-row reductions) cut to `rows`.
 Case small_case(const Case& c, int64_t rows) {
   Case s = c;
   for (const char* key : {"T", "R"}) {
@@ -42,14 +57,248 @@ Case small_case(const Case& c, int64_t rows) {
 }
 
 #ifdef MOE_WITH_CUDA
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Where an op's benchmark cases, inputs and verification cases come from.
+struct Hooks {
+  std::vector<Case> cases;
+  std::function<ops::OpInfo::Bench(const Case&)> device;  // null: host inputs (make_inputs)
+  std::function<Case(const Case&)> verify;                // null: small_case
+};
+
+Hooks hooks_of(const ops::OpInfo& op) {
+  Hooks h;
+  if (!op.gpu) return h;
+  if (op.gpu_bench_device) {
+    if (op.bench_cases) h.cases = op.bench_cases();
+    h.device = op.gpu_bench_device;
+    h.verify = op.bench_verify_case;
+  } else if (const ops::PendingBenchHooks* p = ops::pending_bench_hooks(op.name)) {
+    h.cases = p->cases();
+    h.device = p->device;
+    h.verify = p->verify;
+  } else if (op.gpu_bench && op.bench_cases) {
+    h.cases = op.bench_cases();
+    h.verify = op.bench_verify_case;
+  }
+  return h;
+}
+
+enum class Kind { memory, gemm, tokens };
+
 struct Result {
-  std::string op, name, line, dir;
+  std::string op, name, line, dir, inputs, kind;
   bool verified = false;
-  std::string verify_note;
-  double median_us = 0, min_us = 0, max_us = 0, bytes = 0, gbps = 0, pct_copy = 0;
+  std::string verify_note, verify_case;
+  double median_us = 0, min_us = 0, max_us = 0;
   int samples = 0, per_sample = 0, sets = 0;
   bool graph = false;
+  double bytes = 0, gbps = 0, pct_copy = 0;
+  double alt_bytes = 0, alt_gbps = 0, alt_pct_copy = 0;
+  std::string alt_note;
+  double flops = 0, tflops = 0;
+  double dense_us = 0, dense_tflops = 0, pct_dense = 0;  // GEMM-like rows
+  int64_t dense_m = 0, dense_k = 0, dense_n = 0;
+  double tokens = 0, tokens_per_s = 0;  // token-level rows
 };
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+void print_row(const Result& r) {
+  const bool mem = r.kind == "memory";
+  std::printf(
+      "%-18s %-18s %-7s %-8s %11.1f %11.1f %8s %6s %8s %7s %10s %5s\n", r.op.c_str(),
+      r.name.c_str(), r.dir.c_str(), r.verified ? "yes" : "FAILED", r.median_us, r.min_us,
+      mem ? fmt("%.0f", r.gbps).c_str() : "-", mem ? fmt("%.1f%%", r.pct_copy).c_str() : "-",
+      r.kind != "memory" ? fmt("%.1f", r.tflops).c_str() : "-",
+      r.kind == "gemm" ? fmt("%.1f%%", r.pct_dense).c_str() : "-",
+      r.kind == "tokens" ? fmt("%.0f", r.tokens_per_s).c_str() : "-", r.graph ? "yes" : "no");
+}
+
+nlohmann::json to_json(const Result& r) {
+  nlohmann::json j = {{"op", r.op},
+                      {"name", r.name},
+                      {"case", r.line},
+                      {"dir", r.dir},
+                      {"kind", r.kind},
+                      {"inputs", r.inputs},
+                      {"verified", r.verified},
+                      {"verify_case", r.verify_case},
+                      {"verify_note", r.verify_note},
+                      {"median_us", r.median_us},
+                      {"min_us", r.min_us},
+                      {"max_us", r.max_us},
+                      {"samples", r.samples},
+                      {"launches_per_sample", r.per_sample},
+                      {"rotation_sets", r.sets},
+                      {"cuda_graph", r.graph},
+                      {"bytes", r.bytes},
+                      {"gbps", r.gbps},
+                      {"pct_copy", r.pct_copy},
+                      {"flops", r.flops},
+                      {"tflops", r.tflops}};
+  if (r.alt_bytes > 0) {
+    j["alt_bytes"] = r.alt_bytes;
+    j["alt_gbps"] = r.alt_gbps;
+    j["alt_pct_copy"] = r.alt_pct_copy;
+    j["alt_bytes_note"] = r.alt_note;
+  }
+  if (r.kind == "gemm") {
+    j["dense"] = {{"m", r.dense_m},
+                  {"k", r.dense_k},
+                  {"n", r.dense_n},
+                  {"median_us", r.dense_us},
+                  {"tflops", r.dense_tflops}};
+    j["pct_dense"] = r.pct_dense;
+  }
+  if (r.kind == "tokens") {
+    j["tokens"] = r.tokens;
+    j["tokens_per_s"] = r.tokens_per_s;
+  }
+  return j;
+}
+
+// Runs one case: verify, build the benchmark, time its rows, free it, time the dense baseline.
+// Appends its rows to `out`; returns false when verification failed.
+bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int samples,
+                int64_t verify_rows, const gpu::CopyBandwidth& copy, std::vector<Result>& out) {
+  const auto t0 = Clock::now();
+  // Verify first: a failing kernel's timing means nothing.
+  const Case sc = h.verify ? h.verify(c) : small_case(c, verify_rows);
+  bool ok = false;
+  std::string note;
+  try {
+    const Report r = ops::check_gpu(op, sc);
+    ok = r.ok();
+    if (!ok) note = r.str();
+  } catch (const std::exception& e) {
+    note = std::string("exception: ") + e.what();
+  }
+  if (!ok) {
+    std::printf("VERIFY FAIL %s\n%s  replay: %s\n", sc.line().c_str(), note.c_str(),
+                ops::replay_line(sc, "gpu").c_str());
+  }
+  const double t_verify = seconds_since(t0);
+
+  const auto t1 = Clock::now();
+  const ops::Cost cost = op.cost ? op.cost(c) : ops::Cost{};
+  std::vector<ops::OpInfo::Bench> benches;
+  int sets = 1;
+  {
+    // Several independent sets when one set fits in L2 (see gpu/bench_util.cuh).
+    sets = gpu::rotation_sets(std::max(cost.fwd_bytes, cost.bwd_bytes));
+    if (h.device) {
+      for (int k = 0; k < sets; ++k) benches.push_back(h.device(c));
+    } else {
+      const TensorMap in = op.make_inputs(c);
+      for (int k = 0; k < sets; ++k) benches.push_back(op.gpu_bench(c, in));
+    }
+  }
+  const double t_setup = seconds_since(t1);
+  const auto t2 = Clock::now();
+  const ops::OpInfo::Bench& hint = benches.front();
+  const Kind kind = hint.dense_m > 0 ? Kind::gemm : hint.tokens > 0 ? Kind::tokens : Kind::memory;
+  const bool has_bwd = static_cast<bool>(hint.bwd);
+  std::vector<std::string> dirs = {"fwd"};
+  if (has_bwd) dirs.push_back(kind == Kind::memory ? "bwd" : "fwd+bwd");
+
+  std::vector<Result> rows;
+  for (const std::string& dir : dirs) {
+    const bool fwd = dir == "fwd", both = dir == "fwd+bwd";
+    const std::function<void(int)> launch = [&](int i) {
+      auto& b = benches[static_cast<size_t>(i % sets)];
+      if (fwd || both) b.fwd();
+      if (!fwd) b.bwd();
+    };
+    const gpu::TimingStats t =
+        hint.graph ? gpu::time_launches_auto(launch, samples)
+                   : gpu::time_launches(launch, 1, std::max(samples, 20), 1, gpu::bench_stream());
+    gpu::device_synchronize();
+    Result r;
+    r.op = op.name;
+    r.name = c.s("name", "");
+    r.line = c.line();
+    r.dir = dir;
+    r.inputs = h.device ? "device" : "host";
+    r.kind = kind == Kind::memory ? "memory" : kind == Kind::gemm ? "gemm" : "tokens";
+    r.verified = ok;
+    r.verify_note = note;
+    r.verify_case = sc.line();
+    r.median_us = t.median_ms * 1e3;
+    r.min_us = t.min_ms * 1e3;
+    r.max_us = t.max_ms * 1e3;
+    r.samples = t.samples;
+    r.per_sample = t.per_sample;
+    r.sets = sets;
+    r.graph = t.graph;
+    const double sec = t.median_ms * 1e-3;
+    r.bytes = fwd ? cost.fwd_bytes : both ? cost.fwd_bytes + cost.bwd_bytes : cost.bwd_bytes;
+    r.gbps = r.bytes / sec / 1e9;
+    r.pct_copy = 100.0 * r.gbps / copy.gbps;
+    const double alt = fwd ? hint.alt_fwd_bytes : both ? 0.0 : hint.alt_bwd_bytes;
+    if (alt > 0) {
+      r.alt_bytes = alt;
+      r.alt_gbps = alt / sec / 1e9;
+      r.alt_pct_copy = 100.0 * r.alt_gbps / copy.gbps;
+      r.alt_note = hint.alt_bytes_note;
+    }
+    r.flops = fwd ? cost.fwd_flops : both ? cost.fwd_flops + cost.bwd_flops : cost.bwd_flops;
+    r.tflops = r.flops / sec / 1e12;
+    r.tokens = hint.tokens;
+    if (hint.tokens > 0) r.tokens_per_s = hint.tokens / sec;
+    r.dense_m = hint.dense_m;
+    r.dense_k = hint.dense_k;
+    r.dense_n = hint.dense_n;
+    rows.push_back(std::move(r));
+  }
+  benches.clear();  // free this case's buffers before the dense baseline and the next case
+  gpu::device_synchronize();
+
+  if (kind == Kind::gemm) {
+    const gpu::DenseGemmTiming dense =
+        gpu::time_dense_gemm(c.dtype, rows.front().dense_m, rows.front().dense_k,
+                             rows.front().dense_n, has_bwd, samples);
+    for (Result& r : rows) {
+      const bool both = r.dir == "fwd+bwd";
+      r.dense_us = (both ? dense.fwd_bwd.median_ms : dense.fwd.median_ms) * 1e3;
+      r.dense_tflops = both ? dense.fwd_bwd_tflops : dense.fwd_tflops;
+      r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
+    }
+  }
+  for (const Result& r : rows) print_row(r);
+  for (const Result& r : rows) {
+    if (r.alt_bytes > 0) {
+      std::printf("  note %s %s: %.1f MB %s: %.0f GB/s, %.1f%% of copy\n", r.name.c_str(),
+                  r.dir.c_str(), r.alt_bytes / 1e6, r.alt_note.c_str(), r.alt_gbps, r.alt_pct_copy);
+    }
+  }
+  if (kind == Kind::gemm) {
+    const Result& f = rows.front();
+    std::printf("  dense cuBLAS %s %lldx%lldx%lld (equal FLOPs):",
+                std::string(dtype_name(c.dtype)).c_str(), static_cast<long long>(f.dense_m),
+                static_cast<long long>(f.dense_k), static_cast<long long>(f.dense_n));
+    for (const Result& r : rows) {
+      std::printf(" %s %.1f us %.1f TFLOP/s;", r.dir == "fwd" ? "fwd" : "fwd+dgrad+wgrad",
+                  r.dense_us, r.dense_tflops);
+    }
+    std::printf("\n");
+  }
+  std::printf("  (%s %s: %s inputs; verify %.1f s, setup %.1f s, timing %.1f s)\n", op.name.c_str(),
+              c.s("name", "").c_str(), h.device ? "device" : "host", t_verify, t_setup,
+              seconds_since(t2));
+  std::fflush(stdout);
+  for (Result& r : rows) out.push_back(std::move(r));
+  return ok;
+}
 
 int run_bench(const std::vector<std::string>& only_ops, const std::string& json_path, int samples,
               int64_t verify_rows) {
@@ -63,113 +312,60 @@ int run_bench(const std::vector<std::string>& only_ops, const std::string& json_
       return 2;
     }
   }
+  const auto start = Clock::now();
   const std::string device = ops::gpu_description();
   const gpu::CopyBandwidth copy = gpu::measure_copy_bandwidth(size_t{1} << 30, samples);
   std::printf("device: %s\n", device.c_str());
   std::printf("copy bandwidth (cudaMemcpy D2D, %.0f MiB, read+write): %.1f GB/s (median of %d)\n",
               copy.bytes / 1048576.0, copy.gbps, copy.t.samples);
-  std::printf("%-16s %-20s %-4s %-8s %11s %11s %9s %7s %5s %5s\n", "op", "case", "dir", "verified",
-              "median_us", "min_us", "GB/s", "%copy", "sets", "graph");
+  std::printf("%-18s %-18s %-7s %-8s %11s %11s %8s %6s %8s %7s %10s %5s\n", "op", "case", "dir",
+              "verified", "median_us", "min_us", "GB/s", "%copy", "TFLOP/s", "%dense", "tokens/s",
+              "graph");
 
   std::vector<Result> results;
+  // The JSON is rewritten after every case, so a run cut short keeps what it measured.
+  const auto write_json = [&](bool complete) {
+    if (json_path.empty()) return true;
+    nlohmann::json j;
+    j["device"] = device;
+    j["complete"] = complete;
+    j["copy"] = {{"bytes", copy.bytes},
+                 {"gbps", copy.gbps},
+                 {"median_ms", copy.t.median_ms},
+                 {"samples", copy.t.samples}};
+    j["results"] = nlohmann::json::array();
+    for (const Result& r : results) j["results"].push_back(to_json(r));
+    std::ofstream f(json_path);
+    if (!f) return false;
+    f << j.dump(2) << "\n";
+    return static_cast<bool>(f);
+  };
+  if (!write_json(false)) {
+    std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
+    return 2;
+  }
   bool all_ok = true;
   for (const ops::OpInfo* op : ops::all_ops()) {
     if (!only_ops.empty() &&
         std::find(only_ops.begin(), only_ops.end(), op->name) == only_ops.end()) {
       continue;
     }
-    if (!op->gpu_bench || !op->bench_cases || !op->gpu) continue;
-    for (const Case& c : op->bench_cases()) {
-      // Verify first: a failing kernel's timing means nothing.
-      const Case sc = small_case(c, verify_rows);
-      bool ok = false;
-      std::string note;
+    const Hooks h = hooks_of(*op);
+    for (const Case& c : h.cases) {
       try {
-        const Report r = ops::check_gpu(*op, sc);
-        ok = r.ok();
-        if (!ok) note = r.str();
+        all_ok &= bench_case(*op, h, c, samples, verify_rows, copy, results);
       } catch (const std::exception& e) {
-        note = std::string("exception: ") + e.what();
-      }
-      if (!ok) {
         all_ok = false;
-        std::printf("VERIFY FAIL %s\n%s  replay: %s\n", sc.line().c_str(), note.c_str(),
-                    ops::replay_line(sc, "gpu").c_str());
-      }
-      const ops::Cost cost = op->cost ? op->cost(c) : ops::Cost{};
-      const TensorMap in = op->make_inputs(c);
-      // Several independent sets when one set fits in L2 (see gpu/bench_util.cuh).
-      const int sets = gpu::rotation_sets(std::max(cost.fwd_bytes, cost.bwd_bytes));
-      std::vector<ops::OpInfo::Bench> benches;
-      for (int k = 0; k < sets; ++k) benches.push_back(op->gpu_bench(c, in));
-      const std::string name = c.s("name", "");
-      for (const char* dir : {"fwd", "bwd"}) {
-        const bool fwd = std::string(dir) == "fwd";
-        if (!fwd && !benches.front().bwd) continue;
-        const gpu::TimingStats t = gpu::time_launches_auto(
-            [&](int i) {
-              auto& b = benches[static_cast<size_t>(i % sets)];
-              fwd ? b.fwd() : b.bwd();
-            },
-            samples);
-        gpu::device_synchronize();
-        Result r;
-        r.op = op->name;
-        r.name = name;
-        r.line = c.line();
-        r.dir = dir;
-        r.verified = ok;
-        r.verify_note = note;
-        r.median_us = t.median_ms * 1e3;
-        r.min_us = t.min_ms * 1e3;
-        r.max_us = t.max_ms * 1e3;
-        r.samples = t.samples;
-        r.per_sample = t.per_sample;
-        r.sets = sets;
-        r.graph = t.graph;
-        r.bytes = fwd ? cost.fwd_bytes : cost.bwd_bytes;
-        r.gbps = r.bytes / (t.median_ms * 1e-3) / 1e9;
-        r.pct_copy = 100.0 * r.gbps / copy.gbps;
-        std::printf("%-16s %-20s %-4s %-8s %11.2f %11.2f %9.1f %6.1f%% %5d %5s\n", r.op.c_str(),
-                    r.name.c_str(), dir, ok ? "yes" : "FAILED", r.median_us, r.min_us, r.gbps,
-                    r.pct_copy, sets, r.graph ? "yes" : "no");
+        std::printf("BENCH ERROR %s %s: %s\n", op->name.c_str(), c.line().c_str(), e.what());
         std::fflush(stdout);
-        results.push_back(std::move(r));
       }
+      write_json(false);
     }
   }
-  if (!json_path.empty()) {
-    nlohmann::json j;
-    j["device"] = device;
-    j["copy"] = {{"bytes", copy.bytes},
-                 {"gbps", copy.gbps},
-                 {"median_ms", copy.t.median_ms},
-                 {"samples", copy.t.samples}};
-    j["results"] = nlohmann::json::array();
-    for (const Result& r : results) {
-      j["results"].push_back({{"op", r.op},
-                              {"name", r.name},
-                              {"case", r.line},
-                              {"dir", r.dir},
-                              {"verified", r.verified},
-                              {"verify_note", r.verify_note},
-                              {"median_us", r.median_us},
-                              {"min_us", r.min_us},
-                              {"max_us", r.max_us},
-                              {"bytes", r.bytes},
-                              {"gbps", r.gbps},
-                              {"pct_copy", r.pct_copy},
-                              {"samples", r.samples},
-                              {"launches_per_sample", r.per_sample},
-                              {"rotation_sets", r.sets},
-                              {"cuda_graph", r.graph}});
-    }
-    std::ofstream f(json_path);
-    if (!f) {
-      std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
-      return 2;
-    }
-    f << j.dump(2) << "\n";
+  std::printf("bench: %zu rows in %.1f s\n", results.size(), seconds_since(start));
+  if (!write_json(true)) {
+    std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
+    return 2;
   }
   return all_ok ? 0 : 1;
 }
@@ -179,7 +375,9 @@ int run_bench(const std::vector<std::string>& only_ops, const std::string& json_
 
 void add_bench_command(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand(
-      "bench", "Verify, then time the CUDA ops' benchmark cases against the copy bandwidth");
+      "bench",
+      "Verify, then time the CUDA ops' benchmark cases (GB/s vs copy, TFLOP/s vs dense "
+      "cuBLAS, tokens/s)");
   static std::vector<std::string> op_names;
   static std::string json_path;
   static int samples = 25;
@@ -188,7 +386,8 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--json", json_path, "Also write the results to this JSON file");
   cmd->add_option("--samples", samples, "Timed samples per case and direction (>= 20)")
       ->check(CLI::Range(20, 100000));
-  cmd->add_option("--verify-rows", verify_rows, "Rows of the verification case (T or R)")
+  cmd->add_option("--verify-rows", verify_rows,
+                  "Rows of the verification case (T or R) of ops without their own")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   // ragged_all_to_all over NCCL under the launcher (tools/bench_a2a.h): nccl-tests style rows.
   static RaggedA2ABenchOptions a2a;

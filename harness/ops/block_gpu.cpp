@@ -4,10 +4,13 @@
 #include "harness/ops/block_gpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 
+#include "gpu/bench_util.cuh"
 #include "gpu/moe_block.cuh"
+#include "harness/ops/bench_device.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
 
@@ -105,24 +108,105 @@ TensorMap moe_block_gpu(const Case& c, const TensorMap& in) {
   return out;
 }
 
-OpInfo::Bench moe_block_gpu_bench(const Case& c, const TensorMap& in) {
-  struct State {
-    MoeBlockParams p;
-    DeviceInputs d;
-    std::optional<gpu::MoeBlockFwd> saved;  // the forward state the backward consumes
-    State(const Case& c, const TensorMap& in) : p(moe_block_params(c)), d(in) {}
-  };
-  auto st = std::make_shared<State>(c, in);
+// ---------------------------------------------------------------------------------------------
+// Benchmarks
+
+namespace {
+
+// The block's inputs on the device and one forward's state (what the backward consumes).
+struct BlockBench {
+  MoeBlockParams p;
+  DeviceTensor x, gate_kernel, wi_0, wi_1, wo, ct_y;
+  std::optional<DeviceTensor> wi_0_bias, wi_1_bias, wo_bias, expert_bias, ct_aux;
+  std::optional<gpu::MoeBlockFwd> saved;
+  gpu::MoeBlockInputs view() const {
+    return {x,
+            gate_kernel,
+            wi_0,
+            wi_1,
+            wo,
+            ptr(wi_0_bias),
+            ptr(wi_1_bias),
+            ptr(wo_bias),
+            ptr(expert_bias)};
+  }
+};
+
+// fwd() runs the forward, bwd() the backward on the saved forward state, both on bench_stream()
+// without validation. The block allocates its outputs and reads group sizes back (it
+// synchronises), so it is timed by direct launches, not a CUDA graph.
+OpInfo::Bench block_bench(const std::shared_ptr<BlockBench>& st, const Case& c) {
   const gpu::RunOptions fast{/*validate=*/false, /*poison=*/false};
-  st->saved.emplace(gpu::moe_block_fwd(st->d.view(), st->p, nullptr, fast));
+  st->saved.emplace(gpu::moe_block_fwd(st->view(), st->p, nullptr, fast));
+  gpu::device_synchronize();
+  BlockBench* s = st.get();
   OpInfo::Bench b;
-  b.fwd = [st, fast] { gpu::moe_block_fwd(st->d.view(), st->p, nullptr, fast); };
-  b.bwd = [st, fast] {
-    gpu::moe_block_bwd(*st->d.ct_y, ptr(st->d.ct_aux), st->d.view(), *st->saved, st->p, nullptr,
+  b.fwd = [s, fast] { gpu::moe_block_fwd(s->view(), s->p, gpu::bench_stream(), fast); };
+  b.bwd = [s, fast] {
+    gpu::moe_block_bwd(s->ct_y, ptr(s->ct_aux), s->view(), *s->saved, s->p, gpu::bench_stream(),
                        fast);
   };
   b.state = st;
+  b.tokens = static_cast<double>(c.i("B") * c.i("S"));
+  b.graph = false;
   return b;
+}
+
+}  // namespace
+
+OpInfo::Bench moe_block_gpu_bench(const Case& c, const TensorMap& in) {
+  auto st = std::make_shared<BlockBench>();
+  st->p = moe_block_params(c);
+  st->x = DeviceTensor::upload(in.at("input.x"));
+  st->gate_kernel = DeviceTensor::upload(in.at("input.gate_kernel"));
+  st->wi_0 = DeviceTensor::upload(in.at("input.wi_0"));
+  st->wi_1 = DeviceTensor::upload(in.at("input.wi_1"));
+  st->wo = DeviceTensor::upload(in.at("input.wo"));
+  st->wi_0_bias = up_opt(in, "input.wi_0_bias");
+  st->wi_1_bias = up_opt(in, "input.wi_1_bias");
+  st->wo_bias = up_opt(in, "input.wo_bias");
+  st->expert_bias = up_opt(in, "input.expert_bias");
+  st->ct_y = DeviceTensor::upload(in.at("cotangent.y"));
+  st->ct_aux = up_opt(in, "cotangent.aux_loss");
+  return block_bench(st, c);
+}
+
+// Device inputs in the ranges of make_inputs: x and the cotangent U(-1,1), fan-in scaled
+// U(-sqrt(3/fan_in), sqrt(3/fan_in)) weights (variance 1/fan_in), expert bias U(-0.3,0.3) in f32.
+OpInfo::Bench moe_block_gpu_bench_device(const Case& c) {
+  auto st = std::make_shared<BlockBench>();
+  st->p = moe_block_params(c);
+  const int64_t B = c.i("B"), S = c.i("S"), H = c.i("H"), M = c.i("M"), E = st->p.num_experts;
+  const DType d = c.dtype;
+  const double sh = std::sqrt(3.0 / static_cast<double>(H));
+  const double sm = std::sqrt(3.0 / static_cast<double>(M));
+  st->x = device_uniform(c, d, {B, S, H}, -1.0, 1.0, "input.x");
+  st->gate_kernel = device_uniform(c, d, {H, E}, -sh, sh, "input.gate_kernel");
+  st->wi_0 = device_uniform(c, d, {E, H, M}, -sh, sh, "input.wi_0");
+  st->wi_1 = device_uniform(c, d, {E, H, M}, -sh, sh, "input.wi_1");
+  st->wo = device_uniform(c, d, {E, M, H}, -sm, sm, "input.wo");
+  if (c.b("wi_0_bias", false)) {
+    st->wi_0_bias = device_uniform(c, d, {E, M}, -0.5, 0.5, "input.wi_0_bias");
+  }
+  if (c.b("wi_1_bias", false)) {
+    st->wi_1_bias = device_uniform(c, d, {E, M}, -0.5, 0.5, "input.wi_1_bias");
+  }
+  if (c.b("wo_bias", false)) st->wo_bias = device_uniform(c, d, {E, H}, -0.5, 0.5, "input.wo_bias");
+  if (c.b("expert_bias", false)) {
+    st->expert_bias = device_uniform(c, DType::f32, {E}, -0.3, 0.3, "input.expert_bias");
+  }
+  st->ct_y = device_uniform(c, d, {B, S, H}, -1.0, 1.0, "cotangent.y");
+  if (st->p.aux_loss()) {
+    st->ct_aux = device_uniform(c, DType::f32, {}, 0.5, 1.5, "cotangent.aux_loss");
+  }
+  return block_bench(st, c);
+}
+
+Case moe_block_bench_verify_case(const Case& c) {
+  Case s = c;
+  s.set("B", int64_t{1}).set("S", std::min<int64_t>(c.i("S"), 64));
+  s.set("H", std::min<int64_t>(c.i("H"), 64)).set("M", std::min<int64_t>(c.i("M"), 64));
+  return s;
 }
 
 std::vector<Case> moe_block_gpu_bench_cases() {

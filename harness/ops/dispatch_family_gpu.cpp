@@ -3,14 +3,19 @@
 
 #include "harness/ops/dispatch_family_gpu.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 
 #include "gpu/argsort.cuh"
+#include "gpu/bench_util.cuh"
 #include "gpu/comm.cuh"
 #include "gpu/dispatch.cuh"
 #include "gpu/ep.cuh"
 #include "gpu/sort_chunks.cuh"
+#include "harness/core/rng.h"
+#include "harness/ops/bench_device.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
 
@@ -274,8 +279,9 @@ TensorMap local_unpermute_before_a2a_gpu(const Case& c, const TensorMap& in) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Benchmarks: one validated run allocates the outputs (and proves the inputs valid); fwd/bwd then
-// relaunch into them with validation off, device-resident, without synchronising.
+// Benchmarks: inputs on the device (uploaded from make_inputs, or generated there at full size),
+// one validated run on the legacy stream allocates the outputs (and proves the inputs valid);
+// fwd/bwd then relaunch into them on bench_stream() with validation off, without synchronising.
 
 namespace {
 
@@ -311,6 +317,75 @@ Case deepseek(const std::string& op, int64_t a, const std::string& name) {
   return c;
 }
 
+OpInfo::Bench dispatch_bench(const std::shared_ptr<DispatchBench>& st) {
+  st->f = gpu::token_dispatch_fwd(st->x, st->map, ptr(st->probs), st->p);
+  st->b = gpu::token_dispatch_bwd(st->ct, ptr(st->ctp), st->f.row_id_map, ptr(st->f.pad_offsets));
+  gpu::device_synchronize();
+  DispatchBench* s = st.get();
+  OpInfo::Bench bench;
+  bench.fwd = [s] {
+    gpu::token_dispatch_fwd_into(s->x, s->map, ptr(s->probs), s->p, s->f, nullptr,
+                                 gpu::bench_stream());
+  };
+  bench.bwd = [s] {
+    gpu::token_dispatch_bwd_into(s->ct, ptr(s->ctp), s->f.row_id_map, ptr(s->f.pad_offsets), s->b,
+                                 nullptr, gpu::bench_stream());
+  };
+  bench.state = st;
+  return bench;
+}
+
+OpInfo::Bench combine_bench(const std::shared_ptr<CombineBench>& st) {
+  st->combined = gpu::token_combine_fwd(st->permuted, st->rim, ptr(st->mp), ptr(st->pad));
+  st->b = gpu::token_combine_bwd(st->ct, st->permuted, st->rim, ptr(st->mp), ptr(st->pad));
+  gpu::device_synchronize();
+  CombineBench* s = st.get();
+  OpInfo::Bench bench;
+  bench.fwd = [s] {
+    gpu::token_combine_fwd_into(s->permuted, s->rim, ptr(s->mp), ptr(s->pad), s->combined, nullptr,
+                                gpu::bench_stream());
+  };
+  bench.bwd = [s] {
+    gpu::token_combine_bwd_into(s->ct, s->permuted, s->rim, ptr(s->mp), ptr(s->pad), s->b, nullptr,
+                                gpu::bench_stream());
+  };
+  bench.state = st;
+  return bench;
+}
+
+OpInfo::Bench sort_chunks_bench(const std::shared_ptr<SortChunksBench>& st) {
+  st->f = gpu::sort_chunks_by_index_fwd(st->x, st->split, st->order, ptr(st->probs));
+  st->b = gpu::sort_chunks_by_index_bwd(st->ct, ptr(st->ctp), st->f.row_id_map);
+  gpu::device_synchronize();
+  SortChunksBench* s = st.get();
+  OpInfo::Bench bench;
+  bench.fwd = [s] {
+    gpu::sort_chunks_by_index_fwd_into(s->x, s->split, s->order, ptr(s->probs), s->f, nullptr,
+                                       gpu::bench_stream());
+  };
+  bench.bwd = [s] {
+    gpu::sort_chunks_by_index_bwd_into(s->ct, ptr(s->ctp), s->f.row_id_map, s->b, nullptr,
+                                       gpu::bench_stream());
+  };
+  bench.state = st;
+  return bench;
+}
+
+// The routing of make_inputs (K distinct experts per token per the regime; ragged if the case
+// says), generated on the host: the [T,E] map is the only input small enough to.
+Tensor bench_routing_map(const Case& c, std::vector<std::vector<int64_t>>* routes) {
+  *routes = make_routes(c, c.i("T"), c.i("E"), c.i("K"), c.b("ragged", false), "input.routing_map");
+  return routes_to_map(*routes, c.i("E"));
+}
+
+void require_no_zero_probs(const Case& c) {
+  if (c.i("zero_probs", 0) != 0 || c.has("zero_prob_token")) {
+    throw std::invalid_argument(
+        "zero_probs / zero_prob_token: the device-generated benchmark inputs have no exact-zero "
+        "probs (R12); benchmark such a case with host inputs");
+  }
+}
+
 }  // namespace
 
 OpInfo::Bench token_dispatch_gpu_bench(const Case& c, const TensorMap& in) {
@@ -321,19 +396,24 @@ OpInfo::Bench token_dispatch_gpu_bench(const Case& c, const TensorMap& in) {
   st->ct = up(in, "cotangent.permuted");
   st->ctp = up_opt(in, "cotangent.permuted_probs");
   st->p = dispatch_params(c);
-  st->f = gpu::token_dispatch_fwd(st->x, st->map, ptr(st->probs), st->p);
-  st->b = gpu::token_dispatch_bwd(st->ct, ptr(st->ctp), st->f.row_id_map, ptr(st->f.pad_offsets));
-  DispatchBench* s = st.get();
-  OpInfo::Bench bench;
-  bench.fwd = [s] {
-    gpu::token_dispatch_fwd_into(s->x, s->map, ptr(s->probs), s->p, s->f, nullptr, nullptr);
-  };
-  bench.bwd = [s] {
-    gpu::token_dispatch_bwd_into(s->ct, ptr(s->ctp), s->f.row_id_map, ptr(s->f.pad_offsets), s->b,
-                                 nullptr, nullptr);
-  };
-  bench.state = st;
-  return bench;
+  return dispatch_bench(st);
+}
+
+OpInfo::Bench token_dispatch_gpu_bench_device(const Case& c) {
+  require_no_zero_probs(c);
+  const int64_t T = c.i("T"), E = c.i("E"), H = c.i("H");
+  auto st = std::make_shared<DispatchBench>();
+  st->p = dispatch_params(c);
+  const int64_t R = dispatch_out_rows(st->p.num_out_tokens, E, st->p.align_size);
+  std::vector<std::vector<int64_t>> routes;
+  st->map = DeviceTensor::upload(bench_routing_map(c, &routes));
+  st->x = device_uniform(c, c.dtype, {T, H}, -2.0, 2.0, "input.x");
+  st->ct = device_uniform(c, c.dtype, {R, H}, -2.0, 2.0, "cotangent.permuted");
+  if (const auto pd = opt_dtype(c, "probs_dtype")) {
+    st->probs = device_uniform(c, *pd, {T, E}, 0.1, 1.0, "input.probs");  // as make_inputs
+    st->ctp = device_uniform(c, *pd, {R}, -2.0, 2.0, "cotangent.permuted_probs");
+  }
+  return dispatch_bench(st);
 }
 
 OpInfo::Bench token_combine_gpu_bench(const Case&, const TensorMap& in) {
@@ -343,20 +423,34 @@ OpInfo::Bench token_combine_gpu_bench(const Case&, const TensorMap& in) {
   st->mp = up_opt(in, "input.merging_probs");
   st->pad = up_opt(in, "input.pad_offsets");
   st->ct = up(in, "cotangent.combined");
-  st->combined = gpu::token_combine_fwd(st->permuted, st->rim, ptr(st->mp), ptr(st->pad));
-  st->b = gpu::token_combine_bwd(st->ct, st->permuted, st->rim, ptr(st->mp), ptr(st->pad));
-  CombineBench* s = st.get();
-  OpInfo::Bench bench;
-  bench.fwd = [s] {
-    gpu::token_combine_fwd_into(s->permuted, s->rim, ptr(s->mp), ptr(s->pad), s->combined, nullptr,
-                                nullptr);
-  };
-  bench.bwd = [s] {
-    gpu::token_combine_bwd_into(s->ct, s->permuted, s->rim, ptr(s->mp), ptr(s->pad), s->b, nullptr,
-                                nullptr);
-  };
-  bench.state = st;
-  return bench;
+  return combine_bench(st);
+}
+
+OpInfo::Bench token_combine_gpu_bench_device(const Case& c) {
+  const int64_t T = c.i("T"), E = c.i("E"), H = c.i("H");
+  auto st = std::make_shared<CombineBench>();
+  std::vector<std::vector<int64_t>> routes;
+  const Tensor map = bench_routing_map(c, &routes);
+  {
+    // permuted, row_id_map and pad_offsets from the CUDA dispatch of the same routing (as
+    // make_inputs takes them from the reference's); the dispatch's x is freed after.
+    const DeviceTensor x = device_uniform(c, c.dtype, {T, H}, -2.0, 2.0, "input.permuted");
+    gpu::TokenDispatchFwd f =
+        gpu::token_dispatch_fwd(x, DeviceTensor::upload(map), nullptr, dispatch_params(c));
+    st->permuted = std::move(f.permuted);
+    st->rim = std::move(f.row_id_map);
+    st->pad = std::move(f.pad_offsets);
+  }
+  if (const auto md = opt_dtype(c, "merging_dtype")) {
+    // Sparse router probs: U[0.1, 1) on the routed entries, 0 elsewhere (T*K values).
+    Tensor mp(*md, {T, E});
+    Rng rng(c.seed, "input.merging_probs");
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e : routes[t]) mp.set(t, e, rng.uniform(0.1, 1.0));
+    st->mp = DeviceTensor::upload(mp);
+  }
+  st->ct = device_uniform(c, c.dtype, {T, H}, -2.0, 2.0, "cotangent.combined");
+  return combine_bench(st);
 }
 
 OpInfo::Bench sort_chunks_by_index_gpu_bench(const Case&, const TensorMap& in) {
@@ -367,19 +461,59 @@ OpInfo::Bench sort_chunks_by_index_gpu_bench(const Case&, const TensorMap& in) {
   st->probs = up_opt(in, "input.probs");
   st->ct = up(in, "cotangent.sorted");
   st->ctp = up_opt(in, "cotangent.sorted_probs");
-  st->f = gpu::sort_chunks_by_index_fwd(st->x, st->split, st->order, ptr(st->probs));
-  st->b = gpu::sort_chunks_by_index_bwd(st->ct, ptr(st->ctp), st->f.row_id_map);
-  SortChunksBench* s = st.get();
-  OpInfo::Bench bench;
-  bench.fwd = [s] {
-    gpu::sort_chunks_by_index_fwd_into(s->x, s->split, s->order, ptr(s->probs), s->f, nullptr,
-                                       nullptr);
+  return sort_chunks_bench(st);
+}
+
+OpInfo::Bench sort_chunks_by_index_gpu_bench_device(const Case& c) {
+  const int64_t N = c.i("N_rows"), H = c.i("H");
+  const auto split = parse_int_list(c.s("split_sizes"), "split_sizes");
+  const auto order = parse_int_list(c.s("sorted_indices"), "sorted_indices");
+  const DType sd = parse_dtype(c.s("split_dtype", "int32"));
+  auto index_tensor = [&](const std::vector<int64_t>& v) {
+    Tensor t(sd, {static_cast<int64_t>(v.size())});
+    for (size_t i = 0; i < v.size(); ++i) t.set(static_cast<int64_t>(i), static_cast<double>(v[i]));
+    return DeviceTensor::upload(t);
   };
-  bench.bwd = [s] {
-    gpu::sort_chunks_by_index_bwd_into(s->ct, ptr(s->ctp), s->f.row_id_map, s->b, nullptr, nullptr);
-  };
-  bench.state = st;
-  return bench;
+  auto st = std::make_shared<SortChunksBench>();
+  st->x = device_uniform(c, c.dtype, {N, H}, -2.0, 2.0, "input.x");
+  st->split = index_tensor(split);
+  st->order = index_tensor(order);
+  st->ct = device_uniform(c, c.dtype, {N, H}, -2.0, 2.0, "cotangent.sorted");
+  if (const auto pd = opt_dtype(c, "probs_dtype")) {
+    st->probs = device_uniform(c, *pd, {N}, 0.1, 1.0, "input.probs");
+    st->ctp = device_uniform(c, *pd, {N}, -2.0, 2.0, "cotangent.sorted_probs");
+  }
+  return sort_chunks_bench(st);
+}
+
+// 256 tokens and H <= 128 (the layout and all E experts kept): the CPU reference and the
+// invariants run in about a second. num_out_tokens keeps its relation to T*K: the same extra
+// tail rows, or the same dropped fraction.
+Case dispatch_bench_verify_case(const Case& c) {
+  Case s = c;
+  const int64_t T = c.i("T"), K = c.i("K"), n = c.i("num_out_tokens");
+  const int64_t Ts = std::min<int64_t>(T, 256);
+  const int64_t ns = n >= T * K ? Ts * K + (n - T * K) : (T > 0 ? n * Ts / T : n);
+  s.set("T", Ts).set("H", std::min<int64_t>(c.i("H"), 128)).set("num_out_tokens", ns);
+  return s;
+}
+
+// Every chunk (and the tail of padding rows) shrunk by the same factor so at most ~4096 rows
+// remain, H <= 128; the chunk order is kept.
+Case sort_chunks_bench_verify_case(const Case& c) {
+  Case s = c;
+  const int64_t N = c.i("N_rows");
+  auto split = parse_int_list(c.s("split_sizes"), "split_sizes");
+  const int64_t f = std::max<int64_t>(1, (N + 4095) / 4096);
+  int64_t V = 0, Vs = 0;
+  for (auto& v : split) {
+    V += v;
+    v = (v + f - 1) / f;
+    Vs += v;
+  }
+  s.set("split_sizes", int_list(split)).set("N_rows", Vs + (N - V + f - 1) / f);
+  s.set("H", std::min<int64_t>(c.i("H"), 128));
+  return s;
 }
 
 std::vector<Case> token_dispatch_gpu_bench_cases() {

@@ -69,9 +69,34 @@ struct OpInfo {
   struct Bench {
     std::function<void()> fwd, bwd;
     std::shared_ptr<void> state;  // keeps the device buffers alive
+    // Optional report hints for `moe-harness bench`. By default an op is memory-bound: GB/s from
+    // OpInfo::cost bytes against the copy bandwidth, fwd and bwd rows.
+    //  - GEMM-like ops: a dense m x k x n GEMM whose FLOPs equal the forward's (2mkn =
+    //    cost.fwd_flops); bench times it in the same run (fwd, and fwd + dgrad + wgrad for the
+    //    fwd+bwd row) and reports TFLOP/s from cost flops and the ratio; fwd and fwd+bwd rows.
+    int64_t dense_m = 0, dense_k = 0, dense_n = 0;
+    //  - Token-level ops (the MoE block): tokens one fwd processes; tokens/s, fwd and fwd+bwd rows.
+    double tokens = 0;
+    //  - A second byte count reported next to cost()'s (GB/s and % of copy), and what it counts:
+    //    e.g. an issue's formula that leaves out rows the SPEC requires written. 0 = none.
+    double alt_fwd_bytes = 0, alt_bwd_bytes = 0;
+    std::string alt_bytes_note;
+    //  - false: fwd/bwd allocate or synchronise (not capturable into a CUDA graph); timed by
+    //    direct launches on gpu::bench_stream().
+    bool graph = true;
   };
   std::function<Bench(const Case&, const TensorMap& in)> gpu_bench;
   std::function<std::vector<Case>()> bench_cases;
+  // Optional: the benchmark with its inputs generated on the device (a seeded hash RNG in the
+  // case's value ranges; only small index tensors such as routing maps and group sizes come from
+  // the host), for the full-size cases whose host inputs would take minutes or not fit in host
+  // memory. When set, `moe-harness bench` uses it instead of make_inputs + gpu_bench. Launches go
+  // to gpu::bench_stream().
+  std::function<Bench(const Case&)> gpu_bench_device;
+  // Optional: the case `moe-harness bench` verifies with check_gpu before timing c (the same
+  // parameters at a size the CPU reference runs in seconds). Absent: c with its row count (T or
+  // R) cut to --verify-rows.
+  std::function<Case(const Case&)> bench_verify_case;
 };
 
 // A size-independent integer in [lo, hi) for case generators that still shrinks towards lo.

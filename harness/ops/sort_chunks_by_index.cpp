@@ -262,6 +262,8 @@ const OpInfo& sort_chunks_by_index_op() {
 #ifdef MOE_WITH_CUDA
     o.gpu = sort_chunks_by_index_gpu;
     o.gpu_bench = sort_chunks_by_index_gpu_bench;
+    o.gpu_bench_device = sort_chunks_by_index_gpu_bench_device;
+    o.bench_verify_case = sort_chunks_bench_verify_case;
     o.bench_cases = sort_chunks_by_index_gpu_bench_cases;
 #endif
     return o;

@@ -4,7 +4,9 @@
 // Case keys: T, E, H, K, ragged, num_out_tokens and align_size describe the token_dispatch that
 // produced row_id_map / pad_offsets (R_in = dispatch_out_rows(num_out_tokens, E, align_size));
 // merging_dtype (none = no merging probs). The SPEC params object is empty.
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "harness/core/rng.h"
 #include "harness/ops/check.h"
@@ -257,6 +259,26 @@ Cost cost(const Case& c) {
   return k;
 }
 
+#ifdef MOE_WITH_CUDA
+// The benchmark, with the backward's byte count over the routed rows of grad permuted only as
+// the second figure when padding or tail rows exist (cost() counts every row: SPEC §5 and R4
+// require the rows no slot owns written as zeros).
+OpInfo::Bench with_routed_bytes(const Case& c, OpInfo::Bench b) {
+  const double H = static_cast<double>(c.i("H")), d = static_cast<double>(dtype_size(c.dtype));
+  const double R_in =
+      static_cast<double>(dispatch_out_rows(c.i("num_out_tokens"), c.i("E"), c.i("align_size", 0)));
+  const double routed =
+      std::min(static_cast<double>(c.i("T")) * static_cast<double>(c.i("K")), R_in);
+  if (R_in > routed) {
+    b.alt_bwd_bytes = cost(c).bwd_bytes - (R_in - routed) * H * d;
+    b.alt_bytes_note = "counting the routed rows of grad permuted only: the " +
+                       std::to_string(static_cast<int64_t>(R_in - routed)) +
+                       " zero padding/tail rows SPEC §5 requires written left out";
+  }
+  return b;
+}
+#endif
+
 Case from_params(const nlohmann::json&, DType d, uint64_t seed, const TensorMap& in) {
   Case c;
   c.op = kOp;
@@ -307,7 +329,13 @@ const OpInfo& token_combine_op() {
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
     o.gpu = token_combine_gpu;
-    o.gpu_bench = token_combine_gpu_bench;
+    o.gpu_bench = [](const Case& c, const TensorMap& in) {
+      return with_routed_bytes(c, token_combine_gpu_bench(c, in));
+    };
+    o.gpu_bench_device = [](const Case& c) {
+      return with_routed_bytes(c, token_combine_gpu_bench_device(c));
+    };
+    o.bench_verify_case = dispatch_bench_verify_case;
     o.bench_cases = token_combine_gpu_bench_cases;
 #endif
     return o;

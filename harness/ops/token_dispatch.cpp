@@ -4,7 +4,9 @@
 // Case keys: T, E, H, K (experts per token; with ragged=true a count in [0,K] per token),
 // num_out_tokens, align_size, drop_overflow, probs_dtype (none = no probs), zero_probs (routed
 // slots whose prob is exactly 0, R12) or zero_prob_token (the token whose first expert gets it).
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "harness/core/rng.h"
 #include "harness/ops/check.h"
@@ -361,23 +363,66 @@ TensorMap fd_masks(const Case&, const TensorMap& in) {
   return m;
 }
 
-Cost cost(const Case& c) {
+// Bytes of the forward other than the rows of `permuted` (and permuted_probs): x and the map
+// (and probs) in, row_id_map and the counts out.
+double dispatch_fixed_bytes(const Case& c) {
   const double T = static_cast<double>(c.i("T")), E = static_cast<double>(c.i("E"));
   const double H = static_cast<double>(c.i("H"));
-  const double routed =
-      std::min(T * static_cast<double>(c.i("K")), static_cast<double>(c.i("num_out_tokens")));
   const double d = static_cast<double>(dtype_size(c.dtype));
   const auto pd = opt_dtype(c, "probs_dtype");
   const double p = pd ? static_cast<double>(dtype_size(*pd)) : 0.0;
-  const double rim = T * (2 * E + 1) * 4;
+  return T * H * d + T * E + T * E * p + T * (2 * E + 1) * 4 + E * 8;
+}
+
+double routed_rows(const Case& c) {
+  return std::min(static_cast<double>(c.i("T")) * static_cast<double>(c.i("K")),
+                  static_cast<double>(c.i("num_out_tokens")));
+}
+
+double row_bytes_of(const Case& c) {
+  const auto pd = opt_dtype(c, "probs_dtype");
+  return static_cast<double>(c.i("H")) * static_cast<double>(dtype_size(c.dtype)) +
+         (pd ? static_cast<double>(dtype_size(*pd)) : 0.0);
+}
+
+double out_rows(const Case& c) {
+  return static_cast<double>(
+      dispatch_out_rows(c.i("num_out_tokens"), c.i("E"), c.i("align_size", 0)));
+}
+
+Cost cost(const Case& c) {
+  const double T = static_cast<double>(c.i("T")), E = static_cast<double>(c.i("E"));
+  const double H = static_cast<double>(c.i("H"));
+  const double d = static_cast<double>(dtype_size(c.dtype));
+  const auto pd = opt_dtype(c, "probs_dtype");
+  const double p = pd ? static_cast<double>(dtype_size(*pd)) : 0.0;
+  const double routed = routed_rows(c);
   Cost k;
-  // Forward: x and the map in; routed rows (and probs), row_id_map and counts out.
-  k.fwd_bytes = T * H * d + T * E + T * E * p + routed * (H * d + p) + rim + E * 8;
+  // Forward: every one of the R_out rows of permuted (and permuted_probs) is written: the routed
+  // rows are copies of x, and SPEC §4 requires the rest (the padding rows of every expert when
+  // align_size >= 1, and the tail past the aligned counts) written as +0. The formula
+  // (T*H read + T*K*H written) leaves those rows out; bench reports that figure next to this one.
+  k.fwd_bytes = dispatch_fixed_bytes(c) + out_rows(c) * row_bytes_of(c);
   // Backward: the routed cotangent rows and row_id_map in; grad x (and grad probs) out.
-  k.bwd_bytes = routed * (H * d + p) + rim + T * H * d + T * E * p;
+  k.bwd_bytes = routed * (H * d + p) + T * (2 * E + 1) * 4 + T * H * d + T * E * p;
   k.bwd_flops = routed * H;
   return k;
 }
+
+#ifdef MOE_WITH_CUDA
+// The benchmark, with the forward's byte count by the formula (routed rows only) as the
+// second figure when padding or tail rows exist.
+OpInfo::Bench with_routed_bytes(const Case& c, OpInfo::Bench b) {
+  if (out_rows(c) > routed_rows(c)) {
+    b.alt_fwd_bytes = dispatch_fixed_bytes(c) + routed_rows(c) * row_bytes_of(c);
+    b.alt_bytes_note =
+        "by the issue's count (T*H read + T*K*H written, plus map, probs, row_id_map): the " +
+        std::to_string(static_cast<int64_t>(out_rows(c) - routed_rows(c))) +
+        " zero padding/tail rows SPEC §4 requires written left out";
+  }
+  return b;
+}
+#endif
 
 nlohmann::json to_params(const Case& c) {
   const TokenDispatchParams p = dispatch_params(c);
@@ -444,7 +489,13 @@ const OpInfo& token_dispatch_op() {
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
     o.gpu = token_dispatch_gpu;
-    o.gpu_bench = token_dispatch_gpu_bench;
+    o.gpu_bench = [](const Case& c, const TensorMap& in) {
+      return with_routed_bytes(c, token_dispatch_gpu_bench(c, in));
+    };
+    o.gpu_bench_device = [](const Case& c) {
+      return with_routed_bytes(c, token_dispatch_gpu_bench_device(c));
+    };
+    o.bench_verify_case = dispatch_bench_verify_case;
     o.bench_cases = token_dispatch_gpu_bench_cases;
 #endif
     return o;

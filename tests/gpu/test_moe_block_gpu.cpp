@@ -2,18 +2,14 @@
 // reference through check_gpu (the registry suite already runs the record's own random and named
 // cases); EP invariance of the GPU block against its own P = D = 1 run within the §12 composite
 // bound (routing maps and counts bitwise); regression cases R3, R5, R7 on the GPU; determinism.
-// A disabled benchmark times forward + backward at Mixtral-like and DeepSeek-like sizes with
-// device-generated inputs and prints tokens/s.
+// The benchmark (forward + backward tokens/s at Mixtral-like and DeepSeek-like sizes, inputs
+// generated on the device) is `moe-harness bench --op moe_block`.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
-#include <cstdio>
-#include <optional>
 
-#include "gpu/bench_util.cuh"
-#include "gpu/grouped_gemm.cuh"
 #include "gpu/moe_block.cuh"
 #include "harness/ops/block_gpu.h"
 #include "harness/ops/check.h"
@@ -227,54 +223,5 @@ TEST(MoeBlockGpu, TwoRunsAreBitwiseEqual) {
       ASSERT_TRUE(b.count(k)) << k;
       EXPECT_TRUE(b.at(k).bitwise_equal(v)) << k << " differs; " << replay_line(c, "gpu");
     }
-  }
-}
-
-// --- benchmark -----------------------------------------------------------------------------------
-
-// Forward + backward at the benchmark shapes with inputs generated on the device (host generation
-// of the DeepSeek-like weights would take minutes). Run with --gtest_also_run_disabled_tests.
-TEST(MoeBlockGpuBench, DISABLED_TokensPerSecond) {
-  SKIP_WITHOUT_GPU();
-  using gpu::DeviceTensor;
-  using gpu::gemm_detail::fill_hash_uniform;
-  for (const Case& c : moe_block_gpu_bench_cases()) {
-    const MoeBlockParams p = moe_block_params(c);
-    const int64_t B = c.i("B"), S = c.i("S"), H = c.i("H"), M = c.i("M"), E = p.num_experts;
-    const double T = static_cast<double>(B * S);
-    const DType d = c.dtype;
-    DeviceTensor x(d, {B, S, H}), gk(d, {H, E}), w0(d, {E, H, M}), w1(d, {E, H, M}),
-        wo(d, {E, M, H}), ct(d, {B, S, H});
-    const double sh = std::sqrt(3.0 / static_cast<double>(H));
-    const double sm = std::sqrt(3.0 / static_cast<double>(M));
-    fill_hash_uniform(x, 1, -1.0, 1.0);
-    fill_hash_uniform(gk, 2, -sh, sh);
-    fill_hash_uniform(w0, 3, -sh, sh);
-    fill_hash_uniform(w1, 4, -sh, sh);
-    fill_hash_uniform(wo, 5, -sm, sm);
-    fill_hash_uniform(ct, 6, -1.0, 1.0);
-    std::optional<DeviceTensor> eb;
-    if (c.b("expert_bias", false)) {
-      eb.emplace(DType::f32, Shape{E});
-      fill_hash_uniform(*eb, 7, -0.01, 0.01);
-    }
-    const gpu::MoeBlockInputs in{x, gk, w0, w1, wo, nullptr, nullptr, nullptr, eb ? &*eb : nullptr};
-    const gpu::RunOptions fast{false, false};
-    const gpu::TimingStats fwd =
-        gpu::time_launches([&](int) { gpu::moe_block_fwd(in, p, nullptr, fast); }, 2, 10, 1);
-    const gpu::TimingStats both = gpu::time_launches(
-        [&](int) {
-          const gpu::MoeBlockFwd f = gpu::moe_block_fwd(in, p, nullptr, fast);
-          gpu::moe_block_bwd(ct, nullptr, in, f, p, nullptr, fast);
-        },
-        2, 10, 1);
-    std::printf(
-        "moe_block %-14s T=%lld H=%lld M=%lld E=%lld K=%lld bf16 P=1: fwd %.2f ms, fwd+bwd %.2f ms "
-        "(min %.2f): %.0f tokens/s fwd+bwd, %.0f tokens/s fwd\n",
-        c.s("name").c_str(), static_cast<long long>(T), static_cast<long long>(H),
-        static_cast<long long>(M), static_cast<long long>(E), static_cast<long long>(p.topk),
-        fwd.median_ms, both.median_ms, both.min_ms, T / (both.median_ms * 1e-3),
-        T / (fwd.median_ms * 1e-3));
-    std::fflush(stdout);
   }
 }
