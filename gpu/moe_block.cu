@@ -130,16 +130,6 @@ DeviceTensor take_rows(const DeviceTensor& t, int64_t from, int64_t n, DType d, 
   return o;
 }
 
-// dst rows [at, at + src rows) = src (same dtype).
-void put_rows(DeviceTensor& dst, int64_t at, const DeviceTensor& src, Stream s) {
-  if (src.nbytes() == 0) return;
-  if (src.dtype() != dst.dtype()) throw std::logic_error("put_rows: dtypes differ");
-  const int64_t row = src.dim(0) > 0 ? src.numel() / src.dim(0) : 0;
-  MOE_CUDA_CHECK(
-      cudaMemcpyAsync(static_cast<char*>(dst.data()) + at * row * dtype_size(dst.dtype()),
-                      src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, s));
-}
-
 void accumulate(DeviceTensor& acc, int64_t first_row, const DeviceTensor& g, bool first, Stream s) {
   const int64_t n = g.numel();
   if (n == 0) return;

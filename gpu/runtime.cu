@@ -1,7 +1,11 @@
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "gpu/device_util.cuh"
 #include "gpu/runtime.cuh"
@@ -36,13 +40,106 @@ void check_cuda(int err, const char* what, const char* file, int line) {
                            ":" + std::to_string(line));
 }
 
+namespace {
+
+// Freed device buffers kept for reuse. cudaMalloc and cudaFree of large buffers cost milliseconds
+// each (page mapping), and the block, the FFN and the benchmarks allocate gigabytes per call, so
+// without this the MoE block's timing was mostly allocator time. A freed buffer is kept under its
+// exact byte size (so memcheck bounds stay exact) and handed to the next allocation of that size.
+// Freeing synchronises the device first, as cudaFree does, so a reused buffer is never still in
+// use by a kernel on any stream. Off (plain cudaMalloc/cudaFree) with MOE_GPU_NO_CACHE=1, which the
+// sanitizer scripts set (initcheck only tracks fresh allocations, and the leak check must see
+// real frees), or when CUDA_INJECTION64_PATH names an injected tool. A failed cudaMalloc frees the
+// cache and tries once more.
+class BufferCache {
+ public:
+  static BufferCache& get() {
+    static BufferCache* c = new BufferCache;  // never destroyed: frees may run at exit
+    return *c;
+  }
+
+  void* alloc(size_t n) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (enabled_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find({dev, n});
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_ -= n;
+        return p;
+      }
+    }
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation && enabled_) {
+      cudaGetLastError();  // not sticky: clear it and retry with the cache emptied
+      trim(0);
+      e = cudaMalloc(&p, n);
+    }
+    MOE_CUDA_CHECK(e);
+    return p;
+  }
+
+  void release(void* p, size_t n) noexcept {
+    if (!enabled_) {
+      cudaFree(p);
+      return;
+    }
+    cudaDeviceSynchronize();  // what cudaFree would have waited for
+    int dev = 0;
+    cudaGetDevice(&dev);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(std::make_pair(dev, n), p);
+    cached_ += n;
+    if (cached_ > limit_) trim_locked(limit_ / 2);
+  }
+
+ private:
+  BufferCache() {
+    const char* off = std::getenv("MOE_GPU_NO_CACHE");
+    const char* tool = std::getenv("CUDA_INJECTION64_PATH");
+    enabled_ = !(off && *off && std::strcmp(off, "0") != 0) && !(tool && *tool);
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) limit_ = total / 2;
+    cudaGetLastError();
+  }
+
+  void trim(size_t keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    trim_locked(keep);
+  }
+  // Frees the largest cached buffers until at most `keep` bytes stay cached.
+  void trim_locked(size_t keep) noexcept {
+    while (cached_ > keep && !free_.empty()) {
+      auto it = std::prev(free_.end());
+      int dev = 0;
+      cudaGetDevice(&dev);
+      cudaSetDevice(it->first.first);
+      cudaFree(it->second);
+      cudaSetDevice(dev);
+      cached_ -= it->first.second;
+      free_.erase(it);
+    }
+  }
+
+  std::mutex mu_;
+  std::multimap<std::pair<int, size_t>, void*> free_;
+  size_t cached_ = 0;
+  size_t limit_ = size_t{8} << 30;
+  bool enabled_ = true;
+};
+
+}  // namespace
+
 DeviceTensor::DeviceTensor(DType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) {
   numel_ = shape_numel(shape_);
-  if (nbytes() > 0) MOE_CUDA_CHECK(cudaMalloc(&ptr_, nbytes()));
+  if (nbytes() > 0) ptr_ = BufferCache::get().alloc(nbytes());
 }
 
 DeviceTensor::~DeviceTensor() {
-  if (ptr_) cudaFree(ptr_);
+  if (ptr_) BufferCache::get().release(ptr_, nbytes());
 }
 
 DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept
@@ -53,7 +150,7 @@ DeviceTensor::DeviceTensor(DeviceTensor&& o) noexcept
 
 DeviceTensor& DeviceTensor::operator=(DeviceTensor&& o) noexcept {
   if (this != &o) {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) BufferCache::get().release(ptr_, nbytes());
     dtype_ = o.dtype_;
     shape_ = std::move(o.shape_);
     numel_ = o.numel_;

@@ -21,7 +21,8 @@ void check_cuda(int err, const char* what, const char* file, int line);
 #define MOE_CUDA_CHECK(call) \
   ::moe::gpu::check_cuda(static_cast<int>(call), #call, __FILE__, __LINE__)
 
-// Owning device buffer with a dtype and a shape. Move-only; memory is cudaMalloc'd and left
+// Owning device buffer with a dtype and a shape. Move-only; memory comes from a cache of freed
+// buffers or cudaMalloc (gpu/runtime.cu says why and when it is off) and is left
 // uninitialised (ops write every element they own; tests poison buffers first).
 class DeviceTensor {
  public:

@@ -31,6 +31,8 @@ default="DispatchGpuEp.*:DispatchGpuRegression.*:DispatchGpuErrors.*:DispatchGpu
 for op in $ops; do default+=":AllGpuOps/RegistryGpu.*/$op"; done
 filter=${SANITIZE_FILTER:-$default}
 export RC_PARAMS=${SANITIZE_RC_PARAMS:-"seed=20261122 max_success=6 max_size=12"}
+# Plain cudaMalloc/cudaFree (gpu/runtime.cu): initcheck and the leak check see every buffer.
+export MOE_GPU_NO_CACHE=1
 mkdir -p "$logs"
 
 status=0

@@ -111,9 +111,22 @@ TEST(Rng, DerivesFromSeedAndName) {
 TEST(Tolerance, FollowsSpecRules) {
   EXPECT_EQ(tol_bound(TolClass::exact, DType::f32, 1.0, 1, 1.0), 0.0);
   EXPECT_EQ(tol_bound(TolClass::elementwise, DType::bf16, 1.0, 1, 1.0),
-            std::ldexp(1.0, -7) + 4 * std::ldexp(1.0, -23));
-  EXPECT_EQ(tol_bound(TolClass::reduction, DType::f32, 1.0, 10, 3.0),
-            std::ldexp(1.0, -23) + 2.0 * 10 * std::ldexp(1.0, -24) * 3.0);
+            std::ldexp(1.0, -7) + 4 * std::ldexp(1.0, -23) + 4 * std::ldexp(1.0, -150));
+  EXPECT_EQ(
+      tol_bound(TolClass::reduction, DType::f32, 1.0, 10, 3.0),
+      std::ldexp(1.0, -23) + 2.0 * 10 * std::ldexp(1.0, -24) * 3.0 + 11 * std::ldexp(1.0, -150));
+}
+
+// The fp32 underflow term (compare.cpp): a subnormal result may be off by the absolute error of
+// each fp32 rounding, 2^-150, and by nothing more.
+TEST(Tolerance, SubnormalResultsGetTheUnderflowTermOnly) {
+  const double sub = std::ldexp(1.0, -140);  // subnormal in fp32
+  const double one_step = std::ldexp(1.0, -149);
+  const double b = tol_bound(TolClass::reduction, DType::f32, sub, 1024, sub);
+  EXPECT_GE(b, 2 * one_step);  // two subnormal steps of a 1024-term softmax gradient
+  EXPECT_LT(b, 1e-40);         // still far below the smallest normal fp32 (1.2e-38)
+  EXPECT_EQ(tol_bound(TolClass::elementwise, DType::f32, 0.0, 1, 0.0),
+            std::ldexp(1.0, -149) + 4 * std::ldexp(1.0, -149) + 4 * std::ldexp(1.0, -150));
 }
 
 TEST(Compare, ReportsFirstAndWorstMismatchWithCoordinates) {
