@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <stdexcept>
@@ -21,7 +22,7 @@ using gemm_detail::DevicePlan;
 using gemm_detail::Scratch;
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
-constexpr int kAuxStreams = 8;
+constexpr int kDefaultAuxStreams = 8, kMaxAuxStreams = 32;
 
 void check_blas(cublasStatus_t st, const char* what, const char* file, int line) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
@@ -71,27 +72,49 @@ cublasHandle_t blas_for(Stream s) {
   return h;
 }
 
-// The forked streams of GemmImpl::streams, per thread and device.
+// The forked streams of GemmImpl::streams and chunked, per thread and device (created on first
+// use, up to kMaxAuxStreams).
 struct AuxStreams {
-  Stream streams[kAuxStreams];
-  cudaEvent_t fork, join[kAuxStreams];
+  Stream streams[kMaxAuxStreams] = {};
+  cudaEvent_t fork = nullptr, join[kMaxAuxStreams] = {};
+  int created = 0;
 };
-AuxStreams& aux_streams() {
+AuxStreams& aux_streams(int count) {
   thread_local std::map<int, AuxStreams> pools;
   int dev = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  auto it = pools.find(dev);
-  if (it != pools.end()) return it->second;
-  AuxStreams a{};
-  for (int i = 0; i < kAuxStreams; ++i) {
+  AuxStreams& a = pools[dev];
+  if (!a.fork) MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.fork, cudaEventDisableTiming));
+  for (; a.created < std::min(count, kMaxAuxStreams); ++a.created) {
     cudaStream_t st = nullptr;
     MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    a.streams[i] = st;
-    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.join[i], cudaEventDisableTiming));
+    a.streams[a.created] = st;
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.join[a.created], cudaEventDisableTiming));
   }
-  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.fork, cudaEventDisableTiming));
-  return pools.emplace(dev, a).first->second;
+  return a;
 }
+
+int aux_count(const GemmOptions& o) {
+  return std::clamp(o.streams > 0 ? o.streams : kDefaultAuxStreams, 1, kMaxAuxStreams);
+}
+
+// Forks `used` aux streams off s; join() makes s wait for all of them.
+struct Fork {
+  AuxStreams& aux;
+  int used;
+  Stream s;
+  Fork(int count, int used_, Stream s_) : aux(aux_streams(count)), used(used_), s(s_) {
+    MOE_CUDA_CHECK(cudaEventRecord(aux.fork, s));
+    for (int i = 0; i < used; ++i) MOE_CUDA_CHECK(cudaStreamWaitEvent(aux.streams[i], aux.fork, 0));
+  }
+  Stream operator[](int i) const { return aux.streams[i]; }
+  void join() {
+    for (int i = 0; i < used; ++i) {
+      MOE_CUDA_CHECK(cudaEventRecord(aux.join[i], aux.streams[i]));
+      MOE_CUDA_CHECK(cudaStreamWaitEvent(s, aux.join[i], 0));
+    }
+  }
+};
 
 // One column-major cuBLAS problem C[m,n] (=|+=) op(A)[m,k] op(B)[k,n].
 struct Problem {
@@ -184,21 +207,16 @@ void run_loop(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t
   for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta);
 }
 
+// Round-robin over `count` forked streams.
 void run_streams(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
-                 Stream s) {
-  if (ps.size() <= 1) return run_loop(ps, tab, tc, beta, s);
-  AuxStreams& aux = aux_streams();
-  const int used = static_cast<int>(std::min<size_t>(ps.size(), kAuxStreams));
-  MOE_CUDA_CHECK(cudaEventRecord(aux.fork, s));
-  for (int i = 0; i < used; ++i) MOE_CUDA_CHECK(cudaStreamWaitEvent(aux.streams[i], aux.fork, 0));
+                 Stream s, int count) {
+  if (ps.size() <= 1 || count <= 1) return run_loop(ps, tab, tc, beta, s);
+  Fork f(count, static_cast<int>(std::min<size_t>(ps.size(), count)), s);
   for (size_t j = 0; j < ps.size(); ++j) {
-    Stream st = aux.streams[j % kAuxStreams];
+    const Stream st = f[static_cast<int>(j % count)];
     gemm_ex(blas_for(st), ps[j], tab, tc, beta);
   }
-  for (int i = 0; i < used; ++i) {
-    MOE_CUDA_CHECK(cudaEventRecord(aux.join[i], aux.streams[i]));
-    MOE_CUDA_CHECK(cudaStreamWaitEvent(s, aux.join[i], 0));
-  }
+  f.join();
 }
 
 bool aligned16(const void* p) {
@@ -213,7 +231,7 @@ void run_grouped(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataTyp
   // problem sets go through per-group cublasGemmEx, which handles both.
   bool ok = tab == tc;
   for (const Problem& p : ps) ok = ok && aligned16(p.a) && aligned16(p.b) && aligned16(p.c);
-  if (!ok) return run_streams(ps, tab, tc, beta, s);
+  if (!ok) return run_streams(ps, tab, tc, beta, s, kDefaultAuxStreams);
   const size_t P = ps.size();
   std::vector<cublasOperation_t> ta(P), tb(P);
   std::vector<int> m(P), n(P), k(P), lda(P), ldb(P), ldc(P), group_size(P, 1);
@@ -361,6 +379,427 @@ void dispatch_float2(DType a, DType b, F&& f) {
   dispatch_float(a, [&](auto ta) { dispatch_float(b, [&](auto tb) { f(ta, tb); }); });
 }
 
+// ---------------------------------------------------------------------------------------------
+// GemmImpl::chunked
+
+// The pointer arrays and row-copy records of a chunked call reach the device through a pool of
+// upload slots per (thread, device): a pinned host buffer (one asynchronous copy per call), a
+// device buffer, and an event recorded after the last kernel that reads the slot. A call takes
+// the first slot whose event has passed (cudaEventQuery: the host never blocks, and no
+// synchronisation trims the stream-ordered memory pool) or adds a slot; past kMaxUploadSlots
+// in flight it waits for the oldest. Slots grow to the largest call seen and, like the handles,
+// live until the process exits.
+constexpr size_t kMaxUploadSlots = 256;
+
+std::atomic<int64_t> g_chunked_calls{0};
+
+struct UploadSlot {
+  char* host = nullptr;
+  char* dev = nullptr;
+  size_t cap = 0;
+  cudaEvent_t done = nullptr;
+};
+
+struct UploadPool {
+  std::vector<UploadSlot> slots;
+  size_t oldest = 0;  // round-robin start of the search
+};
+
+UploadSlot& acquire_upload(size_t bytes) {
+  thread_local std::map<int, UploadPool> pools;
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  UploadPool& pool = pools[dev];
+  UploadSlot* slot = nullptr;
+  const size_t n = pool.slots.size();
+  for (size_t j = 0; j < n && !slot; ++j) {
+    UploadSlot& c = pool.slots[(pool.oldest + j) % n];
+    const cudaError_t q = cudaEventQuery(c.done);
+    if (q == cudaSuccess) {
+      slot = &c;
+      pool.oldest = (pool.oldest + j + 1) % n;
+    } else if (q != cudaErrorNotReady) {
+      MOE_CUDA_CHECK(q);
+    }
+  }
+  if (!slot && n >= kMaxUploadSlots) {
+    slot = &pool.slots[pool.oldest];
+    MOE_CUDA_CHECK(cudaEventSynchronize(slot->done));
+    pool.oldest = (pool.oldest + 1) % n;
+  }
+  if (!slot) {
+    pool.slots.emplace_back();
+    slot = &pool.slots.back();
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming));
+  }
+  if (slot->cap < bytes) {
+    size_t cap = 4096;
+    while (cap < bytes) cap *= 2;
+    if (slot->host) MOE_CUDA_CHECK(cudaFreeHost(slot->host));
+    if (slot->dev) MOE_CUDA_CHECK(cudaFree(slot->dev));  // its event has passed
+    slot->host = slot->dev = nullptr;
+    slot->cap = 0;
+    MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot->host), cap));
+    MOE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slot->dev), cap));
+    slot->cap = cap;
+  }
+  return *slot;
+}
+
+// Scratch of the chunked calls on one stream (slabs of the shorter chunks, the staged rows): one
+// buffer per (thread, device, stream), reused by every call on that stream (calls on one stream
+// run in order) and regrown in stream order when a call needs more, so a steady state allocates
+// nothing.
+void* stream_arena(size_t bytes, Stream s) {
+  struct Arena {
+    void* p = nullptr;
+    size_t cap = 0;
+  };
+  thread_local std::map<std::pair<int, Stream>, Arena> arenas;
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  Arena& a = arenas[{dev, s}];
+  if (a.cap < bytes) {
+    if (a.p) MOE_CUDA_CHECK(cudaFreeAsync(a.p, s));
+    a.p = nullptr;
+    a.cap = 0;
+    if (cudaMallocAsync(&a.p, bytes, s) == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: free DeviceTensor's cached buffers and retry once
+      release_buffer_cache();
+      MOE_CUDA_CHECK(cudaMallocAsync(&a.p, bytes, s));
+    }
+    a.cap = bytes;
+  }
+  return a.p;
+}
+
+// A partial chunk's rows: `rows` rows of row_bytes at out, and its C-row slab.
+struct RowCopy {
+  char* out;
+  char* slab;
+  int64_t rows;
+};
+
+// Block (record, row): copies one row between out and the slab (to_out: slab -> out, else
+// out -> slab), in words of W bytes (row_bytes and every row start are multiples of W).
+template <class W>
+__global__ void copy_rows_kernel(const RowCopy* __restrict__ recs, int64_t row_bytes, bool to_out) {
+  const RowCopy rc = recs[blockIdx.x];
+  const int64_t r = blockIdx.y;
+  if (r >= rc.rows) return;
+  W* o = reinterpret_cast<W*>(rc.out + r * row_bytes);
+  W* sl = reinterpret_cast<W*>(rc.slab + r * row_bytes);
+  const int64_t n = row_bytes / static_cast<int64_t>(sizeof(W));
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (to_out) {
+      o[i] = sl[i];
+    } else {
+      sl[i] = o[i];
+    }
+  }
+}
+
+void copy_rows(const RowCopy* d_recs, int64_t count, int64_t chunk, int64_t row_bytes, bool to_out,
+               Stream s) {
+  if (count == 0 || row_bytes == 0) return;
+  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(chunk));
+  if (row_bytes % 16 == 0) {
+    copy_rows_kernel<uint4><<<grid, kThreads, 0, s>>>(d_recs, row_bytes, to_out);
+  } else if (row_bytes % 8 == 0) {
+    copy_rows_kernel<uint2><<<grid, kThreads, 0, s>>>(d_recs, row_bytes, to_out);
+  } else if (row_bytes % 4 == 0) {
+    copy_rows_kernel<uint32_t><<<grid, kThreads, 0, s>>>(d_recs, row_bytes, to_out);
+  } else {
+    copy_rows_kernel<uint16_t><<<grid, kThreads, 0, s>>>(d_recs, row_bytes, to_out);
+  }
+  check_launch();
+}
+
+// The fwd or dgrad products of one or more (b, c) pairs sharing the row operand a, as ONE
+// pointer-array cublasGemmBatchedEx: every group's rows are cut into chunks of `chunk` rows, and
+// each (chunk, pair) is one batch entry with the same m, n, k. A group's last chunk, when shorter,
+// still multiplies `chunk` rows (the rows after it belong to the next group or the tail; past the
+// end of a they come from a zeroed staging copy of a's last rows) and writes a slab of scratch,
+// from which one kernel copies its own rows out (with accumulate, the slab first receives the
+// current rows, so beta = 1 sees them). No two entries write the same memory, the decomposition
+// and the call depend only on the plan, so the result is deterministic. Entries are ordered
+// (group, chunk, pair): the chunks of one expert run side by side and share its weight in L2.
+// The caller checks chunked_aligned() first.
+void run_chunked(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* a,
+                 const std::vector<std::pair<const void*, void*>>& bc, cudaDataType_t tab,
+                 size_t es_c, cudaDataType_t tc, int64_t K, int64_t N, bool accumulate,
+                 int64_t chunk, Stream s) {
+  const bool fwd = role == GemmRole::fwd;
+  // Row operand width, output width; cuBLAS m = c_w, n = chunk, k = a_w (column-major C^T).
+  const int64_t a_w = fwd ? K : N, c_w = fwd ? N : K;
+  if (c_w == 0 || a_w == 0 || bc.empty()) return;  // k = 0: the caller zeroes
+  const int64_t a_row = a_w * static_cast<int64_t>(es_ab), c_row = c_w * static_cast<int64_t>(es_c);
+  const int64_t C = chunk;
+  struct Chunk {
+    int64_t g, row0, rows;
+  };
+  std::vector<Chunk> chunks;
+  int64_t partial = 0;
+  bool staged = false;
+  for (int64_t g = 0; g < plan.groups(); ++g) {
+    for (int64_t j = 0; j * C < plan.sizes[g]; ++j) {
+      const Chunk ch{g, plan.offsets[g] + j * C, std::min(C, plan.sizes[g] - j * C)};
+      partial += ch.rows < C;
+      staged = staged || ch.row0 + C > plan.rows;
+      chunks.push_back(ch);
+    }
+  }
+  if (chunks.empty()) return;
+  const int64_t np = static_cast<int64_t>(bc.size());
+  const int64_t P = static_cast<int64_t>(chunks.size()) * np, Q = partial * np;
+  const int64_t base = std::max<int64_t>(0, plan.rows - C);  // first row of the staged copy
+  // Arena layout: the slabs, then the staged rows (2 C rows of a, 256-byte aligned).
+  const size_t slab_bytes = static_cast<size_t>(Q * C * c_row);
+  const size_t stage_at = (slab_bytes + 255) / 256 * 256;
+  const size_t stage_bytes = staged ? static_cast<size_t>(2 * C * a_row) : 0;
+  char* arena = nullptr;
+  if (slab_bytes + stage_bytes > 0) {
+    arena = static_cast<char*>(stream_arena(stage_at + stage_bytes, s));
+  }
+  char* const slabs = arena;
+  char* const stage = arena ? arena + stage_at : nullptr;
+  const size_t bytes = static_cast<size_t>(3 * P) * sizeof(void*) + Q * sizeof(RowCopy);
+  UploadSlot& slot = acquire_upload(bytes);
+  auto** hp = reinterpret_cast<const void**>(slot.host);
+  auto* recs = reinterpret_cast<RowCopy*>(slot.host + 3 * P * sizeof(void*));
+  int64_t i = 0, q = 0;
+  for (const Chunk& ch : chunks) {
+    const char* arow = ch.row0 + C > plan.rows ? stage + (ch.row0 - base) * a_row
+                                               : static_cast<const char*>(a) + ch.row0 * a_row;
+    for (const auto& [b, c] : bc) {
+      const char* w = byte_ptr(b, ch.g * K * N, es_ab);
+      char* out = static_cast<char*>(c) + ch.row0 * c_row;
+      char* dst = out;
+      if (ch.rows < C) {
+        dst = slabs + q * C * c_row;
+        recs[q++] = {out, dst, ch.rows};
+      }
+      hp[i] = w;
+      hp[P + i] = arow;
+      hp[2 * P + i] = dst;
+      ++i;
+    }
+  }
+  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
+  if (staged) {
+    MOE_CUDA_CHECK(cudaMemsetAsync(stage, 0, stage_bytes, s));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(stage, static_cast<const char*>(a) + base * a_row,
+                                   static_cast<size_t>((plan.rows - base) * a_row),
+                                   cudaMemcpyDeviceToDevice, s));
+  }
+  const auto* d_recs = reinterpret_cast<const RowCopy*>(slot.dev + 3 * P * sizeof(void*));
+  if (accumulate) copy_rows(d_recs, Q, C, c_row, false, s);
+  auto** dp = reinterpret_cast<const void**>(slot.dev);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // One call (more only past the 65535 batch entries a grid's z dimension holds).
+  constexpr int64_t kMaxBatch = 65535;
+  for (int64_t at = 0; at < P; at += kMaxBatch) {
+    const int64_t nb = std::min(kMaxBatch, P - at);
+    MOE_CUBLAS_CHECK(cublasGemmBatchedEx(
+        blas_for(s), fwd ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, as_int(c_w, fwd ? "N" : "K"),
+        as_int(C, "chunk rows"), as_int(a_w, fwd ? "K" : "N"), &alpha, dp + at, tab, as_int(N, "N"),
+        dp + P + at, tab, as_int(a_w, "K"), &beta, const_cast<void* const*>(dp + 2 * P + at), tc,
+        as_int(c_w, "N"), static_cast<int>(nb), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  copy_rows(d_recs, Q, C, c_row, true, s);
+  MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));
+  g_chunked_calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Whether every pointer of a batched call is 16-byte aligned: cuBLAS cannot check the pointers of
+// a device array, and its tensor-core kernels need the alignment. The pointers are bases plus
+// multiples of a row of a, b or c, of one weight ([K, N]) or of 256 bytes (scratch).
+bool chunked_aligned(size_t es_ab, const void* a,
+                     const std::vector<std::pair<const void*, void*>>& bc, size_t es_c, int64_t K,
+                     int64_t N) {
+  const auto es = static_cast<int64_t>(es_ab), ec = static_cast<int64_t>(es_c);
+  bool ok =
+      K * es % 16 == 0 && N * es % 16 == 0 && K * ec % 16 == 0 && N * ec % 16 == 0 && aligned16(a);
+  for (const auto& [b, c] : bc) ok = ok && aligned16(b) && aligned16(c);
+  return ok;
+}
+
+// Groups above kLargeRows rows fill the GPU with their own product (at N = 2048, 9+ row tiles by
+// 8 column tiles): chunked issues them one cublasGemmEx each, like `streams`, beside the batched
+// call of the smaller groups.
+constexpr int64_t kLargeRows = 1024;
+
+// The plan with only its large (above kLargeRows) or only its small groups; the others emptied,
+// offsets unchanged.
+GroupPlan masked(const GroupPlan& plan, bool large) {
+  GroupPlan m = plan;
+  m.used = 0;
+  for (int64_t g = 0; g < plan.groups(); ++g) {
+    if ((plan.sizes[g] > kLargeRows) != large) m.sizes[g] = 0;
+    m.used += m.sizes[g];
+  }
+  return m;
+}
+
+// Rows per chunk: o.chunk_rows when set, else the size of {64, 128, 256, 512} with the least
+// padded rows per unit of cuBLAS efficiency. The efficiencies are the measured rates of batched
+// chunks of those sizes where padding is negligible (GemmBench, H100, Mixtral-like forward:
+// 0.47, 0.62, 0.98, 1 of the 512-row rate); the padded rows are the plan's (every group rounded up
+// to whole chunks).
+int64_t chunk_rows(const GroupPlan& plan, const GemmOptions& o) {
+  if (o.chunk_rows > 0) return o.chunk_rows;
+  const int64_t sizes[] = {64, 128, 256, 512};
+  const double eff[] = {0.47, 0.62, 0.98, 1.0};
+  int64_t best = 256;
+  double best_cost = -1;
+  for (int i = 0; i < 4; ++i) {
+    double rows = 0;
+    for (int64_t n : plan.sizes)
+      rows += static_cast<double>((n + sizes[i] - 1) / sizes[i] * sizes[i]);
+    const double cost = rows / eff[i];
+    if (best_cost < 0 || cost < best_cost) best = sizes[i], best_cost = cost;
+  }
+  return best;
+}
+
+// fwd / dgrad of GemmImpl::chunked: the small groups (<= kLargeRows rows) in one chunked batched
+// call on the first forked stream, each large group as its own cublasGemmEx on the others, so
+// the memory-bound small products overlap the compute-bound large ones.
+void run_hybrid(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* a,
+                const std::vector<std::pair<const void*, void*>>& bc, DType ab, DType c_type,
+                int64_t K, int64_t N, float beta, Stream s, const GemmOptions& o) {
+  const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
+  const size_t es_c = dtype_size(c_type);
+  const GroupPlan small = masked(plan, false), large = masked(plan, true);
+  std::vector<Problem> big, zero_k;
+  for (const auto& [b, c] : bc)
+    build_problems(role, large, es_ab, a, b, es_c, c, K, N, big, zero_k);
+  const int64_t C = chunk_rows(small, o);
+  const bool accumulate = beta != 0.0f;
+  if (big.empty())
+    return run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, s);
+  if (small.used == 0) return run_streams(big, tab, tc, beta, s, aux_count(o));
+  const int count = std::max(2, aux_count(o));
+  Fork f(count, static_cast<int>(std::min<size_t>(big.size() + 1, count)), s);
+  run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, f[0]);
+  for (size_t j = 0; j < big.size(); ++j) {
+    const Stream st = f[1 + static_cast<int>(j % (count - 1))];
+    gemm_ex(blas_for(st), big[j], tab, tc, beta);
+  }
+  f.join();
+}
+
+// A copy of `rows` rows of row_bytes from src into dst, then zero rows up to `total`.
+struct PadCopy {
+  char* dst;
+  const char* src;
+  int64_t rows, total, row_bytes;
+};
+
+// Block (record, row); 16-byte words (every row_bytes here is a multiple of 16).
+__global__ void pad_rows_kernel(const PadCopy* __restrict__ recs) {
+  const PadCopy pc = recs[blockIdx.x];
+  const int64_t r = blockIdx.y;
+  if (r >= pc.total) return;
+  uint4* d = reinterpret_cast<uint4*>(pc.dst + r * pc.row_bytes);
+  const uint4* src = reinterpret_cast<const uint4*>(pc.src + r * pc.row_bytes);
+  const int64_t n = pc.row_bytes / 16;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    d[i] = r < pc.rows ? src[i] : uint4{0, 0, 0, 0};
+}
+
+// wgrad of GemmImpl::chunked. The large groups: one cublasGemmEx each on forked streams. The small
+// ones are binned by their size rounded up to a multiple of 64 rows (kc); per bin, their rows of a
+// and of every b are copied into zero-padded [kc, .] blocks, and ONE pointer-array
+// cublasGemmBatchedEx computes c_g = a_pad^T b_pad (the zero rows add exact zeros, so each group's
+// sum is that of its own rows; the contraction length is kc for every group of a bin). Each group
+// is in exactly one call, the bins and the call order depend only on the plan: deterministic.
+void run_wgrad_batched(const GroupPlan& plan, size_t es_ab, const void* a,
+                       const std::vector<std::pair<const void*, void*>>& bc, DType ab, DType c_type,
+                       int64_t K, int64_t N, float beta, Stream s, const GemmOptions& o) {
+  const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
+  const size_t es_c = dtype_size(c_type);
+  const GroupPlan small = masked(plan, false), large = masked(plan, true);
+  std::vector<Problem> big, zero_k;
+  for (const auto& [b, c] : bc)
+    build_problems(GemmRole::wgrad, large, es_ab, a, b, es_c, c, K, N, big, zero_k);
+  if (small.used == 0 || K == 0 || N == 0) return run_streams(big, tab, tc, beta, s, aux_count(o));
+  constexpr int64_t kBin = 64;
+  std::map<int64_t, std::vector<int64_t>> bins;  // kc -> groups
+  for (int64_t g = 0; g < small.groups(); ++g) {
+    if (small.sizes[g] > 0) bins[(small.sizes[g] + kBin - 1) / kBin * kBin].push_back(g);
+  }
+  const int64_t np = static_cast<int64_t>(bc.size());
+  const int64_t a_row = K * static_cast<int64_t>(es_ab), b_row = N * static_cast<int64_t>(es_ab);
+  // Scratch: per bin, the padded blocks of a, then of each b.
+  size_t bytes = 0, entries = 0, copies = 0;
+  for (const auto& [kc, gs] : bins) {
+    const auto n = static_cast<size_t>(gs.size());
+    bytes += n * static_cast<size_t>(kc * (a_row + np * b_row));
+    entries += n * np;
+    copies += n * (1 + np);
+  }
+  const int count = std::max(2, aux_count(o));
+  Fork f(count, big.empty() ? 1 : static_cast<int>(std::min<size_t>(big.size() + 1, count)), s);
+  const Stream st = f[0];
+  char* pad = static_cast<char*>(stream_arena(bytes, st));
+  const size_t up_bytes = 3 * entries * sizeof(void*) + copies * sizeof(PadCopy);
+  UploadSlot& slot = acquire_upload(up_bytes);
+  auto** hp = reinterpret_cast<const void**>(slot.host);
+  auto* recs = reinterpret_cast<PadCopy*>(slot.host + 3 * entries * sizeof(void*));
+  size_t at = 0, e = 0, q = 0;
+  std::vector<std::pair<int64_t, size_t>> calls;  // (kc, first entry)
+  for (const auto& [kc, gs] : bins) {
+    calls.push_back({kc, e});
+    for (int64_t g : gs) {
+      const int64_t o_g = small.offsets[g], n_g = small.sizes[g];
+      char* ap = pad + at;
+      at += static_cast<size_t>(kc * a_row);
+      recs[q++] = {ap, static_cast<const char*>(a) + o_g * a_row, n_g, kc, a_row};
+      for (int64_t p = 0; p < np; ++p) {
+        char* bp = pad + at;
+        at += static_cast<size_t>(kc * b_row);
+        recs[q++] = {bp, static_cast<const char*>(bc[p].first) + o_g * b_row, n_g, kc, b_row};
+        // Column-major C_g^T [N, K] = b_pad^T [N, kc] . a_pad [kc, K].
+        hp[e] = bp;
+        hp[entries + e] = ap;
+        hp[2 * entries + e] =
+            static_cast<char*>(bc[p].second) + g * K * N * static_cast<int64_t>(es_c);
+        ++e;
+      }
+    }
+  }
+  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, up_bytes, cudaMemcpyHostToDevice, st));
+  const auto* d_recs = reinterpret_cast<const PadCopy*>(slot.dev + 3 * entries * sizeof(void*));
+  const int64_t max_kc = bins.rbegin()->first;
+  pad_rows_kernel<<<dim3(static_cast<unsigned>(q), static_cast<unsigned>(max_kc)), kThreads, 0,
+                    st>>>(d_recs);
+  check_launch();
+  auto** dp = reinterpret_cast<const void**>(slot.dev);
+  const float alpha = 1.0f;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const int64_t kc = calls[i].first;
+    const size_t first = calls[i].second,
+                 n = (i + 1 < calls.size() ? calls[i + 1].second : e) - first;
+    for (size_t done = 0; done < n; done += 65535) {
+      const size_t nb = std::min<size_t>(65535, n - done);
+      const size_t x = first + done;
+      MOE_CUBLAS_CHECK(cublasGemmBatchedEx(
+          blas_for(st), CUBLAS_OP_N, CUBLAS_OP_T, as_int(N, "N"), as_int(K, "K"),
+          as_int(kc, "rows"), &alpha, dp + x, tab, as_int(N, "N"), dp + entries + x, tab,
+          as_int(K, "K"), &beta, const_cast<void* const*>(dp + 2 * entries + x), tc, as_int(N, "N"),
+          static_cast<int>(nb), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+  MOE_CUDA_CHECK(cudaEventRecord(slot.done, st));
+  g_chunked_calls.fetch_add(1, std::memory_order_relaxed);
+  for (size_t j = 0; j < big.size(); ++j) {
+    const Stream sj = f[1 + static_cast<int>(j % (count - 1))];
+    gemm_ex(blas_for(sj), big[j], tab, tc, beta);
+  }
+  f.join();
+}
+
 void require_same_dtype(const DeviceTensor& t, DType d, const char* what) {
   if (t.dtype() != d) {
     throw std::invalid_argument(
@@ -399,6 +838,8 @@ std::string_view gemm_impl_name(GemmImpl impl) {
       return "loop";
     case GemmImpl::streams:
       return "streams";
+    case GemmImpl::chunked:
+      return "chunked";
   }
   return "?";
 }
@@ -407,14 +848,16 @@ GemmImpl parse_gemm_impl(std::string_view s) {
   if (s == "grouped") return GemmImpl::grouped;
   if (s == "loop") return GemmImpl::loop;
   if (s == "streams") return GemmImpl::streams;
+  if (s == "chunked") return GemmImpl::chunked;
   throw std::invalid_argument("impl: unknown value '" + std::string(s) +
-                              "' (expected grouped, loop or streams)");
+                              "' (expected grouped, loop, streams or chunked)");
 }
 
-// streams: fastest or within 4% of the fastest in every GEMM and FFN case of GemmBench on an H100
-// (see gpu/grouped_gemm.cuh); cublasGemmGroupedBatchedEx ran at 32-38% of dense cuBLAS.
+// chunked: 38% faster than streams on the DeepSeek-like uniform forward, within the run-to-run
+// spread (about 10%) of the fastest elsewhere in GemmBench on an H100 (see gpu/grouped_gemm.cuh);
+// cublasGemmGroupedBatchedEx ran at 31-38% of dense cuBLAS.
 GemmImpl default_gemm_impl() {
-  return GemmImpl::streams;
+  return GemmImpl::chunked;
 }
 
 GroupPlan make_group_plan(const std::vector<int64_t>& sizes, int64_t rows) {
@@ -474,12 +917,15 @@ Scratch::~Scratch() {
   if (p_) cudaFreeAsync(p_, s_);
 }
 
-void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
-                     DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
-                     GemmImpl impl) {
-  std::vector<Problem> ps, zero_k;
-  build_problems(role, plan, dtype_size(ab), a, b, dtype_size(c_type), c, K, N, ps, zero_k);
+void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
+                      const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
+                      int64_t N, bool accumulate, Stream s, const GemmOptions& o) {
+  const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
   const float beta = accumulate ? 1.0f : 0.0f;
+  std::vector<Problem> ps, zero_k;
+  for (const auto& [b, c] : bc) {
+    build_problems(role, plan, dtype_size(ab), a, b, dtype_size(c_type), c, K, N, ps, zero_k);
+  }
   if (!accumulate && role != GemmRole::wgrad) {
     // An empty contraction (K = 0 or N = 0) writes C = 0; cuBLAS may return without touching C.
     // wgrad's empty contractions are the empty groups, which the caller zeroes in one pass.
@@ -489,15 +935,40 @@ void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void*
                                        static_cast<size_t>(p.m) * es, static_cast<size_t>(p.n), s));
     }
   }
-  const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
-  switch (impl) {
+  if (ps.empty()) return;
+  switch (o.impl) {
     case GemmImpl::grouped:
       return run_grouped(ps, tab, tc, beta, s);
     case GemmImpl::loop:
       return run_loop(ps, tab, tc, beta, s);
     case GemmImpl::streams:
-      return run_streams(ps, tab, tc, beta, s);
+      return run_streams(ps, tab, tc, beta, s, aux_count(o));
+    case GemmImpl::chunked:
+      if (!chunked_aligned(dtype_size(ab), a, bc, dtype_size(c_type), K, N)) {
+        return run_streams(ps, tab, tc, beta, s, aux_count(o));
+      }
+      if (role != GemmRole::wgrad) {
+        return run_hybrid(role, plan, dtype_size(ab), a, bc, ab, c_type, K, N, beta, s, o);
+      }
+      if (o.batched_wgrad) {
+        return run_wgrad_batched(plan, dtype_size(ab), a, bc, ab, c_type, K, N, beta, s, o);
+      }
+      return run_streams(ps, tab, tc, beta, s, aux_count(o));
   }
+}
+
+void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
+                     DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
+                     const GemmOptions& o) {
+  grouped_products(role, plan, ab, a, {{b, c}}, c_type, K, N, accumulate, s, o);
+}
+
+void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
+                     DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
+                     GemmImpl impl) {
+  GemmOptions o;
+  o.impl = impl;
+  grouped_product(role, plan, ab, a, b, c_type, c, K, N, accumulate, s, o);
 }
 
 void bias_epilogue(const GroupPlan& plan, const DevicePlan& dplan, const float* acc,
@@ -596,6 +1067,14 @@ std::vector<double> gather_values(const DeviceTensor& t, const std::vector<int64
   return out;
 }
 
+void copy_device(void* dst, const void* src, size_t bytes, Stream s) {
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+}
+
+int64_t chunked_batched_calls() {
+  return g_chunked_calls.load(std::memory_order_relaxed);
+}
+
 double median_ms(const std::function<void()>& fn, int warmup, int reps, Stream s) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
@@ -631,13 +1110,13 @@ void grouped_gemm_fwd_into(const DeviceTensor& x, const DeviceTensor& w, const G
   if (!bias) {
     gemm_detail::zero_tail_rows(plan, out.data(), sh.n, dtype_size(out.dtype()), s);
     gemm_detail::grouped_product(GemmRole::fwd, plan, x.dtype(), x.data(), w.data(), out.dtype(),
-                                 out.data(), sh.k, sh.n, false, s, o.impl);
+                                 out.data(), sh.k, sh.n, false, s, o);
     return;
   }
   // rnd_d(sum + bias) with one rounding: fp32 accumulator, then the bias epilogue.
   Scratch acc(static_cast<size_t>(plan.used * sh.n) * sizeof(float), s);
   gemm_detail::grouped_product(GemmRole::fwd, plan, x.dtype(), x.data(), w.data(), DType::f32,
-                               acc.get(), sh.k, sh.n, false, s, o.impl);
+                               acc.get(), sh.k, sh.n, false, s, o);
   const DevicePlan dplan(plan, s);
   gemm_detail::bias_epilogue(plan, dplan, acc.as<float>(), bias->data(), bias->dtype(), out.data(),
                              out.dtype(), sh.n, s);
@@ -674,13 +1153,13 @@ void grouped_gemm_bwd_into(const DeviceTensor& grad_out, const DeviceTensor& x,
   if (out.grad_x.numel() > 0) {
     gemm_detail::zero_tail_rows(plan, out.grad_x.data(), sh.k, dtype_size(d), s);
     gemm_detail::grouped_product(GemmRole::dgrad, plan, d, grad_out.data(), w.data(), d,
-                                 out.grad_x.data(), sh.k, sh.n, false, s, o.impl);
+                                 out.grad_x.data(), sh.k, sh.n, false, s, o);
   }
   if (out.grad_w.numel() > 0) {
     // An empty group's gradient is exactly 0 [DECISION]; cuBLAS is never asked to write it.
     gemm_detail::zero_empty_groups(plan, out.grad_w.data(), sh.k * sh.n, dtype_size(d), s);
     gemm_detail::grouped_product(GemmRole::wgrad, plan, d, x.data(), grad_out.data(), d,
-                                 out.grad_w.data(), sh.k, sh.n, false, s, o.impl);
+                                 out.grad_w.data(), sh.k, sh.n, false, s, o);
   }
   if (bias && out.grad_bias->numel() > 0) {
     const DevicePlan dplan(plan, s);

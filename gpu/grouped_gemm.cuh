@@ -18,17 +18,28 @@
 //     forms take that plan, so a caller that already holds the sizes (the FFN, whose nine products
 //     share one plan; the benchmarks) pays it once or not at all. On an H100 the read-back added
 //     under 0.5 ms to a 5 ms forward (mostly the pipeline drain before the copy).
-//   - GemmImpl picks how the per-group products are issued. H100, bf16, forward TFLOP/s, and the
-//     share of one dense cuBLAS GEMM of equal FLOPs measured in the same run:
-//       case (rows x K x N, G)               grouped     loop   streams     dense
-//       Mixtral-like 32768x4096x14336, 8     274 (37%)   694    737 (99%)   742   uniform
-//                                            276 (38%)   787    777 (107%)  726   skewed
-//       DeepSeek-like 65536x7168x2048, 256   252 (32%)   334    338 (43%)   791   uniform
-//                                            250 (32%)   352    429 (54%)   791   skewed
-//     so `streams` is the default; cublasGemmGroupedBatchedEx is the slowest everywhere. At
-//     DeepSeek's ~256 rows per group one cuBLAS product fills few SMs and 8 streams do not make up
-//     for it: dense speed there needs a grouped kernel of our own with a device-side tile
-//     scheduler (which could also read the group sizes on the device, without the sync).
+//   - GemmImpl picks how the per-group products are issued. GemmBench, H100, bf16, TFLOP/s and
+//     the share of one dense cuBLAS GEMM of equal FLOPs measured in the same run (forward; then
+//     forward + dgrad + wgrad against the three dense products):
+//       case (rows x K x N, G)                grouped     loop        streams     chunked    dense
+//       Mixtral-like 32768x4096x14336, 8  fwd 277 (34%)   786 (98%)   786 (98%)   711 (88%)  804
+//         uniform                         f+b 341 (46%)   709 (96%)   715 (97%)   681 (93%)  735
+//         skewed                          fwd 278 (38%)   784 (106%)  783 (106%)  694 (94%)  742
+//                                         f+b 345 (49%)   685 (97%)   680 (96%)   719 (101%) 709
+//       DeepSeek-like 65536x7168x2048,256 fwd 247 (31%)   334 (42%)   338 (43%)   466 (59%)  786
+//         uniform                         f+b 239 (35%)   353 (51%)   391 (57%)   397 (57%)  691
+//         skewed                          fwd 252 (32%)   351 (45%)   438 (56%)   427 (54%)  787
+//                                         f+b 251 (36%)   326 (46%)   387 (55%)   387 (55%)  702
+//     Run-to-run spread is about 10%: on Mixtral-like uniform (every group above 1024 rows)
+//     chunked runs exactly the `streams` products, and its forward measured 711 against 786.
+//     chunked is the default: 38% faster than `streams` on the DeepSeek-like uniform forward
+//     (also in an earlier run: 461 vs 337), the same within that spread elsewhere. Chunk sizes
+//     128/256 and 16 streams were measured too (bench.json); none reaches 85% of dense on the
+//     DeepSeek-like shape, where 85% is the ceiling: the forward must read every expert's weight
+//     once (7.5 GB of 8.7 GB moved), which at the device's copy bandwidth (3030 GB/s) takes
+//     2.88 ms, 85% of the dense product's speed; chunked moved 2115 GB/s there. dgrad and wgrad
+//     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
+//     copy speed).
 //   - Without a bias cuBLAS writes d directly (one rounding of the fp32 accumulator). With a bias
 //     it writes an fp32 buffer and one kernel adds f32(bias[g]) and rounds once, as the SPEC's
 //     rnd_d(sum + bias) asks. grad bias is a deterministic per-group column sum in fp32 (fixed
@@ -39,6 +50,7 @@
 #include <functional>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpu/runtime.cuh"
@@ -55,6 +67,15 @@ enum class GemmImpl : uint8_t {
             // grad x; or a pointer not 16-byte aligned, from odd K or N) run as `streams` does
   loop,     // one cublasGemmEx per non-empty group, in group order on the caller's stream
   streams,  // one cublasGemmEx per non-empty group, round-robin over 8 forked streams
+  chunked,  // fwd, dgrad: groups of up to 1024 rows cut into chunks of chunk_rows rows (chosen
+            // per plan), all chunks (of all such groups, and of the products sharing the row
+            // operand: the FFN's gate and up) in ONE pointer-array cublasGemmBatchedEx; a group's
+            // shorter last chunk multiplies a full chunk of rows into a scratch slab that one
+            // kernel copies out. Larger groups: one cublasGemmEx each on forked streams, beside
+            // the batched call. wgrad: small groups binned by size (rounded up to 64 rows), their
+            // rows copied into zero-padded blocks, one batched call per bin; larger groups as
+            // `streams`. Pointers not 16-byte aligned (K or N not a multiple of 8) fall back to
+            // `streams`.
 };
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
@@ -63,7 +84,11 @@ GemmImpl default_gemm_impl();
 
 struct GemmOptions {
   GemmImpl impl = default_gemm_impl();
-  bool poison = false;  // fill every output with 0xFF bytes (NaN) before the launch (tests)
+  bool poison = false;        // fill every output with 0xFF bytes (NaN) before the launch (tests)
+  int64_t chunk_rows = 0;     // chunked: rows per chunk (0: chosen per plan, see chunk_rows())
+  int streams = 0;            // streams, chunked: forked streams (0: 8; at most 32)
+  bool batched_wgrad = true;  // chunked: small groups' wgrad as padded batched calls (else as
+                              // `streams`)
 };
 
 // Host copy of the group sizes, checked as SPEC §10.1 asks (every size >= 0, sum <= rows; a
@@ -153,7 +178,15 @@ class Scratch {
 // a and b have dtype ab; c has dtype c_type (ab or f32). accumulate: c += product (else c =).
 void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
                      DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
+                     const GemmOptions& o);
+void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
+                     DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
                      GemmImpl impl);
+// Several products of one role sharing the row operand a, each (b, c) pair as grouped_product
+// does; GemmImpl::chunked issues all of them in one batched call (the FFN's gate and up).
+void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
+                      const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
+                      int64_t N, bool accumulate, Stream s, const GemmOptions& o);
 
 // out[r, :] = rnd_out(acc[r, :] + f32(bias[g(r), :])) for r < used (bias may be null), and 0 for
 // the tail rows [used, rows).
@@ -178,6 +211,11 @@ double hash_uniform_value(DType d, uint64_t seed, int64_t index, double lo, doub
 // Values of t at the given flat indices (one gather kernel and one small copy back).
 std::vector<double> gather_values(const DeviceTensor& t, const std::vector<int64_t>& index,
                                   Stream s = nullptr);
+// cudaMemcpyAsync device to device (the benchmark's bandwidth reference).
+void copy_device(void* dst, const void* src, size_t bytes, Stream s = nullptr);
+// Number of batched cuBLAS calls GemmImpl::chunked has issued in this process (tests check that
+// the batched path ran rather than its `streams` fallback).
+int64_t chunked_batched_calls();
 // Median time in ms of fn() over reps runs on s (CUDA events around each run, after warmup runs).
 double median_ms(const std::function<void()>& fn, int warmup, int reps, Stream s = nullptr);
 

@@ -20,9 +20,13 @@
 //                                                                      in one fp32 buffer,
 //                                                                      rounded once
 //             grad wi_0 = rnd(x^T d_gate), grad wi_1 = rnd(x^T d_up), grad b0/b1 = column sums
-// Measured on an H100 (bf16, default GemmImpl::streams, GemmBench): Mixtral-like (32768 rows,
-// H 4096, M 14336, 8 experts) 594-624 TFLOP/s forward, 624-638 forward+backward; DeepSeek-like
-// (65536 rows, H 7168, M 2048, 256 experts) 320-419 forward, 356-363 forward+backward.
+// Products sharing a row operand go out together (gemm_detail::grouped_products): gate and up
+// (one batched call under GemmImpl::chunked; concatenating wi_0 and wi_1 would copy both weights
+// every call), and grad wi_0 / grad wi_1 (both x^T . d). Measured on an H100 (bf16, GemmBench),
+// TFLOP/s forward / forward+backward, chunked (default) vs streams: Mixtral-like (32768 rows,
+// H 4096, M 14336, 8 experts) 584-618 / 620-637 vs 598 / 631-639; DeepSeek-like (65536 rows,
+// H 7168, M 2048, 256 experts) uniform 356 / 367 vs 333 / 363, skewed 387 / 356 vs 419 / 353
+// (run-to-run spread about 10%; the same chunked forward measured 356 and 423 in one run).
 // act and act' run in fp32 from the rounded gate and up values [DECISION of SPEC §10.2]. Tail rows
 // of every output, and the weight and bias gradients of empty groups, are exactly 0.
 #pragma once

@@ -42,6 +42,7 @@ void put(TensorMap& out, const std::string& key, const std::optional<DeviceTenso
 gpu::GemmOptions options(const Case& c, bool poison) {
   gpu::GemmOptions o;
   if (c.has("impl")) o.impl = gpu::parse_gemm_impl(c.s("impl"));
+  if (c.has("chunk_rows")) o.chunk_rows = c.i("chunk_rows");
   o.poison = poison;
   return o;
 }

@@ -10,6 +10,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/ep_family.h"
 #ifdef MOE_WITH_CUDA
+#include "harness/ops/bench_device.h"
 #include "harness/ops/ffn_family_gpu.h"
 #endif
 #include "harness/ops/perm_family.h"
@@ -243,7 +244,10 @@ const OpInfo& grouped_gemm_op() {
 #ifdef MOE_WITH_CUDA
     o.gpu = grouped_gemm_gpu;
     o.gpu_bench = grouped_gemm_gpu_bench;
-    o.bench_cases = grouped_gemm_gpu_bench_cases;
+    // `moe-harness bench` runs the full shapes with device-generated inputs.
+    o.gpu_bench_device = grouped_gemm_gpu_bench_device;
+    o.bench_verify_case = grouped_gemm_bench_verify_case;
+    o.bench_cases = grouped_gemm_full_bench_cases;
 #endif
     return o;
   }();

@@ -1,20 +1,23 @@
 // CUDA twins of grouped_gemm and swiglu_expert_ffn (SPEC §10) against the CPU reference, for
-// every way of issuing the per-group cuBLAS products (GemmImpl: grouped, loop, streams):
-//   - random cases of each record's generator and its named cases, through check_gpu (SPEC §12
-//     bound per element, outputs poisoned before each launch, two runs bitwise equal). The FFN
-//     is judged by each stage's §12 rule propagated through the stages (ffn_chain::ffn_bound):
-//     its stages are stored rounded, so a stage whose input rounded one ulp apart from the
-//     reference's differs by more than its own rule allows; the record's bound() applies each
-//     rule alone, and a CPU emulation of any fp32 implementation fails it (18 of 314 cases);
+// every way of issuing the per-group cuBLAS products (GemmImpl: grouped, loop, streams, chunked):
+//   - random cases of each record's generator and its named cases, through check_gpu (the
+//     record's SPEC §12 bound per element, outputs poisoned before each launch, two runs bitwise
+//     equal). The FFN record propagates each stage's §12 rule through the stages (see bound() in
+//     harness/ops/swiglu_expert_ffn.cpp);
 //   - grouped GEMM with small-integer inputs (values=small_int): every sum is exact in fp32, so
 //     the results must equal the reference exactly (the CUTLASS testbed idea);
 //   - zero-token experts, an all-empty batch, zero rows and tail rows: tail rows and empty
 //     groups' gradients exactly 0 (SPEC §10.1 [DECISION]), nothing left of the poison;
 //   - larger shapes (cuBLAS may split K there): two runs bitwise equal;
+//   - chunked with small chunks and with groups above 1024 rows (ChunkedGemmGpu): every branch of
+//     its batched path (full and shorter chunks, staged rows, large groups beside the batched
+//     call, padded wgrad bins), checked to have run rather than its `streams` fallback;
 //   - host errors and group-size errors name the parameter.
 // GemmBench (MOE_GEMM_BENCH=1) runs the full-size shapes with inputs generated on the
-// device: it checks sampled elements against fp64 sums, then prints TFLOP/s of each GemmImpl next
-// to one dense cuBLAS GEMM of equal FLOPs measured in the same run (JSON to MOE_BENCH_JSON).
+// device: it checks sampled elements against fp64 sums, then prints TFLOP/s of each GemmImpl (and
+// chunked/streams variants) next to one dense cuBLAS GEMM of equal FLOPs measured in the same run,
+// the dgrad and wgrad times, and the copy bandwidth that bounds the memory-bound shapes (JSON to
+// MOE_BENCH_JSON).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -55,150 +58,9 @@ using ::testing::HasSubstr;
       GTEST_SKIP() << "no CUDA GPU: " << ::moe::ops::gpu_description(); \
   } while (0)
 
-// SPEC §12 rule of each FFN stage, propagated through the stages (first order in the stage
-// errors): a stage whose inputs are themselves rounded stage values may differ from the
-// reference by its own rounding bound plus the sensitivity of the stage to its inputs times their
-// bounds. The record's bound() applies each stage's own rule alone, which no fp32 implementation
-// meets once an upstream stage rounds differently.
-namespace {
-namespace ffn_chain {
-
-using ref::Rounding;
-
-double act_v(bool silu, double x) {
-  return silu ? x / (1.0 + std::exp(-x)) : x;
-}
-double act_d(bool silu, double x) {
-  if (!silu) return 1.0;
-  const double s = 1.0 / (1.0 + std::exp(-x));
-  return s * (1.0 + x * (1.0 - s));
-}
-constexpr double kSiluCurvature = 0.5;  // max |silu''|, at 0
-
-Tensor elementwise(DType d, const Tensor& ref) {
-  return make_bound(TolClass::elementwise, d, ref, 1);
-}
-
-Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor o(DType::f64, a.shape());
-  for (int64_t i = 0; i < o.numel(); ++i) o.set(i, a.at(i) + b.at(i));
-  return o;
-}
-
-const Tensor* opt_abs(const TensorMap& in, const std::string& key, Tensor& store) {
-  const Tensor* t = find_tensor(in, key);
-  if (!t) return nullptr;
-  store = abs_f64(*t);
-  return &store;
-}
-
-Tensor per_group_rows(const Tensor& gs, const Shape& shape) {
-  Tensor n(DType::f64, shape);
-  const int64_t per = shape[0] > 0 ? n.numel() / shape[0] : 1;
-  for (int64_t i = 0; i < n.numel(); ++i) n.set(i, gs.at(i / std::max<int64_t>(1, per)));
-  return n;
-}
-
-Tensor ffn_bound(const Case& c, const std::string& key, const TensorMap& in,
-                 const TensorMap& want) {
-  const DType d = want.at(key).dtype();
-  const bool silu = c.s("activation", "silu") == "silu";
-  const Tensor& gs = in.at("input.group_sizes");
-  const Tensor& x = in.at("input.x");
-  const int64_t H = x.dim(1), M = in.at("input.wi_0").dim(2);
-  const Tensor ax = abs_f64(x), aw0 = abs_f64(in.at("input.wi_0")),
-               aw1 = abs_f64(in.at("input.wi_1")), awo = abs_f64(in.at("input.wo")),
-               act_ = abs_f64(in.at("cotangent.out"));
-  Tensor s0, s1, so;
-  const Tensor* ab0 = opt_abs(in, "input.wi_0_bias", s0);
-  const Tensor* ab1 = opt_abs(in, "input.wi_1_bias", s1);
-  const Tensor* abo = opt_abs(in, "input.wo_bias", so);
-  const auto none = Rounding::none;
-  const Tensor& gate = want.at("output.gate_proj");
-  const Tensor& up = want.at("output.up_proj");
-  const Tensor& inter = want.at("output.intermediate");
-  const Tensor b_gate =
-      reduction_bound(d, gate, ref::grouped_gemm_fwd(ax, aw0, gs, ab0, none), H + (ab0 ? 1 : 0));
-  const Tensor b_up =
-      reduction_bound(d, up, ref::grouped_gemm_fwd(ax, aw1, gs, ab1, none), H + (ab1 ? 1 : 0));
-  if (key == "output.gate_proj") return b_gate.clone();
-  if (key == "output.up_proj") return b_up.clone();
-  Tensor b_inter = elementwise(d, inter);
-  for (int64_t i = 0; i < b_inter.numel(); ++i) {
-    const double g = gate.at(i), u = up.at(i), bg = b_gate.at(i), bu = b_up.at(i);
-    const double curv = silu ? kSiluCurvature : 0.0;
-    b_inter.set(i, b_inter.at(i) + std::fabs(act_d(silu, g) * u) * bg +
-                       (std::fabs(act_v(silu, g)) + std::fabs(act_d(silu, g)) * bg) * bu +
-                       0.5 * curv * bg * bg * std::fabs(u));
-  }
-  if (key == "output.intermediate") return b_inter;
-  const Tensor ainter = abs_f64(inter);
-  const Tensor n = per_group_rows(gs, want.at(key).shape());
-  if (key == "output.out") {
-    return add(reduction_bound(d, want.at(key), ref::grouped_gemm_fwd(ainter, awo, gs, abo, none),
-                               M + (abo ? 1 : 0)),
-               ref::grouped_gemm_fwd(b_inter, awo, gs, nullptr, none));
-  }
-  if (key == "grad.wo" || key == "grad.wo_bias") {
-    const ref::GroupedGemmBwd s = ref::grouped_gemm_bwd(act_, ainter, awo, gs, abo, none);
-    if (key == "grad.wo_bias") return reduction_bound(d, want.at(key), *s.grad_bias, 0, &n);
-    const ref::GroupedGemmBwd p = ref::grouped_gemm_bwd(act_, b_inter, awo, gs, nullptr, none);
-    return add(reduction_bound(d, want.at(key), s.grad_w, 0, &n), p.grad_w);
-  }
-  // Backward stages: d_inter = rnd(ct wo^T), then d_up and d_gate elementwise.
-  const Activation a = parse_activation(c.s("activation", "silu"));
-  const ref::FfnWeights w{in.at("input.wi_0"),
-                          in.at("input.wi_1"),
-                          in.at("input.wo"),
-                          find_tensor(in, "input.wi_0_bias"),
-                          find_tensor(in, "input.wi_1_bias"),
-                          find_tensor(in, "input.wo_bias")};
-  const ref::SwigluFfnBwd b =
-      ref::swiglu_expert_ffn_bwd(in.at("cotangent.out"), x, gs, w, gate, up, inter, a);
-  const ref::GroupedGemmBwd di =
-      ref::grouped_gemm_bwd(in.at("cotangent.out"), inter, in.at("input.wo"), gs, nullptr);
-  const Tensor& d_inter = di.grad_x;
-  const Tensor b_di = reduction_bound(
-      d, d_inter, ref::grouped_gemm_bwd(act_, ainter, awo, gs, nullptr, none).grad_x, H);
-  Tensor b_du = elementwise(d, b.d_up), b_dg = elementwise(d, b.d_gate);
-  for (int64_t i = 0; i < b_du.numel(); ++i) {
-    const double g = gate.at(i), u = up.at(i), t = d_inter.at(i);
-    const double bg = b_gate.at(i), bu = b_up.at(i), bt = b_di.at(i);
-    const double curv = silu ? kSiluCurvature : 0.0;
-    const double ad = std::fabs(act_d(silu, g));
-    b_du.set(i, b_du.at(i) + std::fabs(act_v(silu, g)) * bt +
-                    (std::fabs(t) + bt) * (ad * bg + 0.5 * curv * bg * bg));
-    b_dg.set(i, b_dg.at(i) + ad * (std::fabs(u) * bt + (std::fabs(t) + bt) * bu) +
-                    curv * (std::fabs(t) + bt) * (std::fabs(u) + bu) * bg);
-  }
-  const Tensor adg = abs_f64(b.d_gate), adu = abs_f64(b.d_up);
-  const Tensor& ref_v = want.at(key);
-  if (key == "grad.x") {
-    const ref::GroupedGemmBwd g0 = ref::grouped_gemm_bwd(adg, ax, aw0, gs, nullptr, none);
-    const ref::GroupedGemmBwd g1 = ref::grouped_gemm_bwd(adu, ax, aw1, gs, nullptr, none);
-    const ref::GroupedGemmBwd p0 = ref::grouped_gemm_bwd(b_dg, ax, aw0, gs, nullptr, none);
-    const ref::GroupedGemmBwd p1 = ref::grouped_gemm_bwd(b_du, ax, aw1, gs, nullptr, none);
-    return add(reduction_bound(d, ref_v, add(g0.grad_x, g1.grad_x), 2 * M),
-               add(p0.grad_x, p1.grad_x));
-  }
-  const bool is0 = key == "grad.wi_0" || key == "grad.wi_0_bias";
-  const Tensor bias_shape(DType::f64, {gs.dim(0), M});  // only its presence and shape matter
-  const ref::GroupedGemmBwd s =
-      ref::grouped_gemm_bwd(is0 ? adg : adu, ax, is0 ? aw0 : aw1, gs, &bias_shape, none);
-  const ref::GroupedGemmBwd p =
-      ref::grouped_gemm_bwd(is0 ? b_dg : b_du, ax, is0 ? aw0 : aw1, gs, &bias_shape, none);
-  if (key == "grad.wi_0" || key == "grad.wi_1") {
-    return add(reduction_bound(d, ref_v, s.grad_w, 0, &n), p.grad_w);
-  }
-  return add(reduction_bound(d, ref_v, *s.grad_bias, 0, &n), *p.grad_bias);
-}
-
-}  // namespace ffn_chain
-}  // namespace
-
 namespace {
 
-const char* const kImpls[] = {"grouped", "loop", "streams"};
+const char* const kImpls[] = {"grouped", "loop", "streams", "chunked"};
 
 std::string failure(const Case& c, const Report& r) {
   return c.line() + "\n" + r.str() + "  replay: " + replay_line(c, "gpu");
@@ -326,19 +188,9 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
-// The records, with the FFN judged by the propagated stage bound (ffn_chain::ffn_bound).
-const OpInfo& checked_op(const std::string& name) {
-  static const OpInfo ffn = [] {
-    OpInfo o = *find_op("swiglu_expert_ffn");
-    o.bound = ffn_chain::ffn_bound;
-    return o;
-  }();
-  return name == "swiglu_expert_ffn" ? ffn : *find_op(name);
-}
-
 class GemmGpu : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {
  protected:
-  const OpInfo& op() const { return checked_op(std::get<0>(GetParam())); }
+  const OpInfo& op() const { return *find_op(std::get<0>(GetParam())); }
   std::string impl() const { return std::get<1>(GetParam()); }
   Case with_impl(Case c) const { return c.set("impl", impl()); }
 };
@@ -450,6 +302,100 @@ TEST_P(GroupedGemmGpu, SmallIntegerInputsGiveExactResults) {
 
 INSTANTIATE_TEST_SUITE_P(Gemm, GroupedGemmGpu, ::testing::ValuesIn(kImpls),
                          [](const auto& info) { return std::string(info.param); });
+
+#ifdef MOE_WITH_CUDA
+
+// GemmImpl::chunked with small chunks (8, 16 or 32 rows) on shapes whose rows are 16-byte aligned,
+// so its batched path runs (not the `streams` fallback) through every branch: full chunks, a
+// group's shorter last chunk (slab, then copy-out), chunks reaching past the operand's last row
+// (staged copy), empty groups, tail rows, biases (fp32 accumulators), the FFN's gate and up in one
+// call and its grad x accumulated by two calls (slab prefilled with the first). Checked against
+// the reference through check_gpu (SPEC §12 bound, poisoned outputs, two runs bitwise equal), and
+// for grouped GEMM also exactly with small-integer inputs.
+namespace {
+
+Case chunked_case(const std::string& op) {
+  Case c;
+  c.op = op;
+  c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
+  c.regime =
+      *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
+  c.seed = *rc::gen::arbitrary<uint32_t>();
+  const int64_t rows = *any_in(1, 97);
+  c.set("G", *any_in(1, 7)).set("M_total", rows).set("tail", *any_in(0, rows / 3 + 1));
+  c.set("impl", "chunked").set("chunk_rows", *rc::gen::element<int64_t>(8, 16, 32));
+  const int64_t k = 8 * *any_in(1, 5), n = 8 * *any_in(1, 5);
+  if (op == "grouped_gemm") {
+    c.set("K_d", k).set("N", n).set("bias", *rc::gen::arbitrary<bool>());
+  } else {
+    c.set("H", k).set("M", n).set("activation", *rc::gen::element<std::string>("silu", "linear"));
+    c.set("wi_0_bias", *rc::gen::arbitrary<bool>()).set("wi_1_bias", *rc::gen::arbitrary<bool>());
+    c.set("wo_bias", *rc::gen::arbitrary<bool>());
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST(ChunkedGemmGpu, SmallChunksMatchTheReference) {
+  MOE_SKIP_WITHOUT_GPU();
+  for (const char* name : {"grouped_gemm", "swiglu_expert_ffn"}) {
+    const OpInfo& o = *find_op(name);
+    const bool ok = rc::check(std::string(name) + " [chunked, small chunks]", [&] {
+      const Case c = chunked_case(name);
+      RC_TAG(std::string(regime_name(c.regime)));
+      RC_CLASSIFY(c.i("tail") > 0, "tail rows");
+      const int64_t before = gpu::gemm_detail::chunked_batched_calls();
+      const Report r = check_gpu(o, c);
+      if (!r.ok()) RC_FAIL(failure(c, r));
+      if (used_rows(o.make_inputs(c)) > 0) {
+        RC_ASSERT(gpu::gemm_detail::chunked_batched_calls() > before);
+      }
+      if (o.name == "grouped_gemm") {
+        Case ci = c;
+        ci.set("values", "small_int");
+        const TensorMap in = o.make_inputs(ci);
+        const Report e = exact_report(o.reference(ci, in, false), o.gpu(ci, in));
+        if (!e.ok()) RC_FAIL(failure(ci, e));
+      }
+    });
+    EXPECT_TRUE(ok);
+  }
+}
+
+// Plans with groups above 1024 rows: chunked runs those as single products on forked streams
+// beside the batched call of the small groups (fwd, dgrad) and the padded batched wgrad.
+TEST(ChunkedGemmGpu, LargeAndSmallGroupsTogetherMatchTheReference) {
+  MOE_SKIP_WITHOUT_GPU();
+  std::vector<Case> cases = {
+      gemm_case("large_skewed", DType::bf16, Regime::skewed, 6, 3000, 16, 24, 40, true),
+      gemm_case("large_one", DType::f32, Regime::all_to_one, 3, 2600, 8, 16, 0, false),
+      gemm_case("large_uniform", DType::f16, Regime::uniform, 2, 2500, 24, 8, 3, true),
+      ffn_case("large_skewed", DType::bf16, Regime::skewed, 5, 2400, 16, 24, 30, true),
+      ffn_case("large_one", DType::f32, Regime::all_to_one, 3, 2100, 8, 16, 0, false)};
+  for (Case c : cases) {
+    for (int64_t chunk : {int64_t{0}, int64_t{32}}) {
+      c.set("impl", "chunked");
+      if (chunk > 0) c.set("chunk_rows", chunk);
+      const OpInfo& o = *find_op(c.op);
+      const TensorMap in = o.make_inputs(c);
+      bool small = false, large = false;  // the plan has both kinds (or only large groups)
+      for (int64_t n : int_values(in.at("input.group_sizes"))) {
+        small = small || (n > 0 && n <= 1024);
+        large = large || n > 1024;
+      }
+      EXPECT_TRUE(large) << c.line();
+      const int64_t before = gpu::gemm_detail::chunked_batched_calls();
+      const Report r = check_gpu(o, c);
+      EXPECT_TRUE(r.ok()) << failure(c, r);
+      if (small) EXPECT_GT(gpu::gemm_detail::chunked_batched_calls(), before) << c.line();
+      const auto bad = zero_tail_and_empty_groups(in, o.gpu(c, in));
+      EXPECT_TRUE(bad.empty()) << c.line() << "\n" << joined(bad);
+    }
+  }
+}
+
+#endif  // MOE_WITH_CUDA
 
 // --- errors -------------------------------------------------------------------------------------
 
@@ -692,6 +638,35 @@ gpu::GroupPlan bench_plan(const BenchShape& b) {
   return gpu::make_group_plan(make_group_sizes(c, b.E, rows, "input.group_sizes"), rows);
 }
 
+// Every GemmImpl, and chunked with several chunk sizes (chunk_rows 0 is the default).
+struct BenchImpl {
+  std::string name;
+  gpu::GemmOptions o;
+};
+
+std::vector<BenchImpl> bench_impls() {
+  std::vector<BenchImpl> v;
+  for (const char* n : {"grouped", "loop", "streams", "chunked"}) {
+    gpu::GemmOptions o;
+    o.impl = gpu::parse_gemm_impl(n);
+    v.push_back({n, o});
+  }
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::streams;
+  o.streams = 16;
+  v.push_back({"streams16", o});
+  o.impl = gpu::GemmImpl::chunked;
+  o.streams = 0;
+  o.batched_wgrad = false;
+  v.push_back({"chunk_pgw", o});  // chunked with per-group wgrad on streams
+  o.batched_wgrad = true;
+  for (int64_t c : {128, 256}) {
+    o.chunk_rows = c;
+    v.push_back({"chunk" + std::to_string(c), o});
+  }
+  return v;
+}
+
 gpu::DeviceTensor filled(const Shape& s, uint64_t seed) {
   gpu::DeviceTensor t(DType::bf16, s);
   gpu::gemm_detail::fill_hash_uniform(t, seed, -1.0, 1.0);
@@ -717,8 +692,9 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   const int kWarm = 2, kReps = 10;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("device: %s\n", gpu_description().c_str());
-  std::printf("%-18s %-8s %9s %8s %8s %6s | %9s %8s %8s %6s | %9s\n", "case", "impl", "fwd_ms",
-              "TFLOP/s", "dense", "ratio", "fb_ms", "TFLOP/s", "dense", "ratio", "fwd+read");
+  std::printf("%-18s %-9s %8s %7s %7s %5s %7s | %8s %8s | %8s %7s %7s %5s | %8s\n", "case", "impl",
+              "fwd_ms", "TFLOP/s", "dense", "ratio", "fwd_GB/s", "dgrad_ms", "wgrad_ms", "fb_ms",
+              "TFLOP/s", "dense", "ratio", "fwd+read");
   for (const BenchShape& b : bench_shapes()) {
     const gpu::GroupPlan plan = bench_plan(b);
     const int64_t R = plan.rows, K = b.H, N = b.F, G = b.E;
@@ -743,10 +719,27 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
           gpu::dense_gemm(gpu::GemmRole::wgrad, x, ct, dw2);
         },
         kWarm, kReps);
+    const double dense_dgrad = gpu::gemm_detail::median_ms(
+        [&] { gpu::dense_gemm(gpu::GemmRole::dgrad, ct, w2, grads.grad_x); }, kWarm, kReps);
+    const double dense_wgrad = gpu::gemm_detail::median_ms(
+        [&] { gpu::dense_gemm(gpu::GemmRole::wgrad, x, ct, dw2); }, kWarm, kReps);
+    // Device copy bandwidth (read + write of w's bytes): the memory roof of the grouped products,
+    // which read every expert's weight once (fwd, dgrad) or write its gradient once (wgrad).
+    const double copy_ms = gpu::gemm_detail::median_ms(
+        [&] { gpu::gemm_detail::copy_device(grads.grad_w.data(), w.data(), w.nbytes()); }, 1, 5);
+    const double copy_gbps = 2.0 * static_cast<double>(w.nbytes()) / (copy_ms * 1e-3) / 1e9;
+    // Bytes a grouped forward must move at least: x, every weight, out.
+    const double fwd_bytes = 2.0 * static_cast<double>(R * K + G * K * N + R * N);
+    std::printf(
+        "%-18s %-9s %8.3f %7.1f  dgrad %.3f ms, wgrad %.3f ms, fwd+bwd %.3f ms; copy %.0f "
+        "GB/s, grouped fwd at copy speed %.3f ms (%.0f%% of dense)\n",
+        b.name.c_str(), "dense", dense_fwd, tflops(fwd_flops, dense_fwd), dense_dgrad, dense_wgrad,
+        dense_fb, copy_gbps, fwd_bytes / copy_gbps * 1e-6,
+        100 * dense_fwd / (fwd_bytes / copy_gbps * 1e-6));
 
-    for (const char* name : kImpls) {
-      gpu::GemmOptions o;
-      o.impl = gpu::parse_gemm_impl(name);
+    for (const BenchImpl& bi : bench_impls()) {
+      const gpu::GemmOptions& o = bi.o;
+      const char* name = bi.name.c_str();
       // Verify, then time.
       gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
       gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
@@ -760,6 +753,20 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
             gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
           },
           kWarm, kReps);
+      const double dgrad = gpu::gemm_detail::median_ms(
+          [&] {
+            gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, plan, DType::bf16, ct.data(),
+                                              w.data(), DType::bf16, grads.grad_x.data(), K, N,
+                                              false, nullptr, o);
+          },
+          kWarm, kReps);
+      const double wgrad = gpu::gemm_detail::median_ms(
+          [&] {
+            gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, plan, DType::bf16, x.data(),
+                                              ct.data(), DType::bf16, grads.grad_w.data(), K, N,
+                                              false, nullptr, o);
+          },
+          kWarm, kReps);
       // The same forward paying the group-size read-back (device-resident sizes, as in the block).
       const double fwd_read = gpu::gemm_detail::median_ms(
           [&] {
@@ -767,10 +774,12 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
             gpu::grouped_gemm_fwd_into(x, w, p, nullptr, out, nullptr, o);
           },
           kWarm, kReps);
-      std::printf("%-18s %-8s %9.3f %8.1f %8.1f %5.0f%% | %9.3f %8.1f %8.1f %5.0f%% | %9.3f\n",
-                  b.name.c_str(), name, fwd, tflops(fwd_flops, fwd), tflops(fwd_flops, dense_fwd),
-                  100 * dense_fwd / fwd, fb, tflops(fb_flops, fb), tflops(fb_flops, dense_fb),
-                  100 * dense_fb / fb, fwd_read);
+      std::printf(
+          "%-18s %-9s %8.3f %7.1f %7.1f %4.0f%% %7.0f | %8.3f %8.3f | %8.3f %7.1f %7.1f %4.0f%% | "
+          "%8.3f\n",
+          b.name.c_str(), name, fwd, tflops(fwd_flops, fwd), tflops(fwd_flops, dense_fwd),
+          100 * dense_fwd / fwd, fwd_bytes / (fwd * 1e-3) / 1e9, dgrad, wgrad, fb,
+          tflops(fb_flops, fb), tflops(fb_flops, dense_fb), 100 * dense_fb / fb, fwd_read);
       std::fflush(stdout);
       rows.push_back({{"op", "grouped_gemm"},
                       {"case", b.name},
@@ -784,6 +793,11 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
                       {"fwd_tflops", tflops(fwd_flops, fwd)},
                       {"dense_fwd_ms", dense_fwd},
                       {"dense_fwd_tflops", tflops(fwd_flops, dense_fwd)},
+                      {"dgrad_ms", dgrad},
+                      {"wgrad_ms", wgrad},
+                      {"dense_dgrad_ms", dense_dgrad},
+                      {"dense_wgrad_ms", dense_wgrad},
+                      {"copy_gbps", copy_gbps},
                       {"fwd_bwd_ms", fb},
                       {"fwd_bwd_tflops", tflops(fb_flops, fb)},
                       {"dense_fwd_bwd_ms", dense_fb},
@@ -796,7 +810,7 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
 
   // The FFN at the same shapes (3 products forward, 6 backward), with the default impl and the
   // others; checked by sampled stage values.
-  std::printf("%-18s %-8s %9s %8s | %9s %8s\n", "ffn case", "impl", "fwd_ms", "TFLOP/s", "fb_ms",
+  std::printf("%-18s %-9s %9s %8s | %9s %8s\n", "ffn case", "impl", "fwd_ms", "TFLOP/s", "fb_ms",
               "TFLOP/s");
   for (const BenchShape& b : bench_shapes()) {
     const gpu::GroupPlan plan = bench_plan(b);
@@ -824,9 +838,9 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
                         std::nullopt,
                         gpu::DeviceTensor(DType::bf16, {R, M}),
                         gpu::DeviceTensor(DType::bf16, {R, M})};
-    for (const char* name : kImpls) {
-      gpu::GemmOptions o;
-      o.impl = gpu::parse_gemm_impl(name);
+    for (const BenchImpl& bi : bench_impls()) {
+      const gpu::GemmOptions& o = bi.o;
+      const char* name = bi.name.c_str();
       gpu::swiglu_expert_ffn_fwd_into(x, plan, w, Activation::silu, f, nullptr, o);
       gpu::swiglu_expert_ffn_bwd_into(ct, x, plan, w, f.gate_proj, f.up_proj, f.intermediate,
                                       Activation::silu, g, nullptr, o);
@@ -872,7 +886,7 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
                                             Activation::silu, g, nullptr, o);
           },
           kWarm, kReps);
-      std::printf("%-18s %-8s %9.3f %8.1f | %9.3f %8.1f\n", b.name.c_str(), name, fwd,
+      std::printf("%-18s %-9s %9.3f %8.1f | %9.3f %8.1f\n", b.name.c_str(), name, fwd,
                   tflops(fwd_flops, fwd), fb, tflops(fb_flops, fb));
       std::fflush(stdout);
       rows.push_back({{"op", "swiglu_expert_ffn"},
