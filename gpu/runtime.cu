@@ -42,15 +42,18 @@ void check_cuda(int err, const char* what, const char* file, int line) {
 
 namespace {
 
-// Freed device buffers kept for reuse. cudaMalloc and cudaFree of large buffers cost milliseconds
-// each (page mapping), and the block, the FFN and the benchmarks allocate gigabytes per call, so
-// without this the MoE block's timing was mostly allocator time. A freed buffer is kept under its
-// exact byte size (so memcheck bounds stay exact) and handed to the next allocation of that size.
-// Freeing synchronises the device first, as cudaFree does, so a reused buffer is never still in
-// use by a kernel on any stream. Off (plain cudaMalloc/cudaFree) with MOE_GPU_NO_CACHE=1, which the
+// Freed large device buffers kept for reuse. cudaMalloc and cudaFree of buffers of hundreds of MB
+// cost milliseconds each (page mapping), and the block, the FFN and the benchmarks allocate
+// gigabytes per call. A freed buffer of at least kMinCached bytes is kept under its exact byte size
+// (so memcheck bounds stay exact) and handed to the next allocation of that size; smaller buffers
+// go straight to cudaMalloc/cudaFree as before. Freeing a large buffer synchronises the device
+// first, as cudaFree does, so a reused buffer is never still in use by a kernel on any stream. At
+// most a quarter of the device memory stays cached; release_buffer_cache() empties it (the
+// benchmark does between cases, stream-ordered allocators do before retrying an allocation that
+// ran out of memory). Off (plain cudaMalloc/cudaFree) with MOE_GPU_NO_CACHE=1, which the
 // sanitizer scripts set (initcheck only tracks fresh allocations, and the leak check must see
-// real frees), or when CUDA_INJECTION64_PATH names an injected tool. A failed cudaMalloc frees the
-// cache and tries once more.
+// real frees), or when CUDA_INJECTION64_PATH names an injected tool. A failed cudaMalloc empties
+// the cache and tries once more.
 class BufferCache {
  public:
   static BufferCache& get() {
@@ -58,10 +61,12 @@ class BufferCache {
     return *c;
   }
 
+  static constexpr size_t kMinCached = size_t{32} << 20;
+
   void* alloc(size_t n) {
     int dev = 0;
     cudaGetDevice(&dev);
-    if (enabled_) {
+    if (enabled_ && n >= kMinCached) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = free_.find({dev, n});
       if (it != free_.end()) {
@@ -83,7 +88,7 @@ class BufferCache {
   }
 
   void release(void* p, size_t n) noexcept {
-    if (!enabled_) {
+    if (!enabled_ || n < kMinCached) {
       cudaFree(p);
       return;
     }
@@ -96,20 +101,21 @@ class BufferCache {
     if (cached_ > limit_) trim_locked(limit_ / 2);
   }
 
+  void trim(size_t keep) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    trim_locked(keep);
+  }
+
  private:
   BufferCache() {
     const char* off = std::getenv("MOE_GPU_NO_CACHE");
     const char* tool = std::getenv("CUDA_INJECTION64_PATH");
     enabled_ = !(off && *off && std::strcmp(off, "0") != 0) && !(tool && *tool);
     size_t free_b = 0, total = 0;
-    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) limit_ = total / 2;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) limit_ = total / 4;
     cudaGetLastError();
   }
 
-  void trim(size_t keep) {
-    std::lock_guard<std::mutex> lock(mu_);
-    trim_locked(keep);
-  }
   // Frees the largest cached buffers until at most `keep` bytes stay cached.
   void trim_locked(size_t keep) noexcept {
     while (cached_ > keep && !free_.empty()) {
@@ -132,6 +138,10 @@ class BufferCache {
 };
 
 }  // namespace
+
+void release_buffer_cache() noexcept {
+  BufferCache::get().trim(0);
+}
 
 DeviceTensor::DeviceTensor(DType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) {
   numel_ = shape_numel(shape_);

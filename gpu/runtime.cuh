@@ -64,6 +64,10 @@ class DeviceTensor {
   void* ptr_ = nullptr;
 };
 
+// Frees every device buffer the DeviceTensor cache holds (gpu/runtime.cu): between benchmark cases
+// of different shapes, and before retrying a stream-ordered allocation that ran out of memory.
+void release_buffer_cache() noexcept;
+
 // Device-side error flag for data-dependent faults (SPEC §0 error policy 2). Kernels record the
 // first fault with atomicCAS (code, then up to two values); read() synchronises and returns it.
 struct DeviceError {

@@ -2,9 +2,8 @@
 // hook and bench cases, first verify the case (check_gpu on the same parameters at a small size:
 // OpInfo::bench_verify_case, or the row count cut to --verify-rows), then time it with CUDA events
 // (median of >= 20 samples after warm-up, gpu/bench_util.cuh) on inputs that stay on the device:
-// generated there at full size by OpInfo::gpu_bench_device where the record has it (or the
-// pending hooks of harness/ops/bench_device.h), else made on the host by make_inputs and
-// uploaded. Each case's buffers are freed before the next case.
+// generated there at full size by OpInfo::gpu_bench_device where the record has it, else made on
+// the host by make_inputs and uploaded. Each case's buffers are freed before the next case.
 //
 // What a row reports depends on the op (OpInfo::Bench hints):
 //   memory-bound (default)  fwd, bwd rows: GB/s from OpInfo::cost bytes, % of a device-to-device
@@ -78,10 +77,6 @@ Hooks hooks_of(const ops::OpInfo& op) {
     if (op.bench_cases) h.cases = op.bench_cases();
     h.device = op.gpu_bench_device;
     h.verify = op.bench_verify_case;
-  } else if (const ops::PendingBenchHooks* p = ops::pending_bench_hooks(op.name)) {
-    h.cases = p->cases();
-    h.device = p->device;
-    h.verify = p->verify;
   } else if (op.gpu_bench && op.bench_cases) {
     h.cases = op.bench_cases();
     h.verify = op.bench_verify_case;
@@ -262,6 +257,7 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
   }
   benches.clear();  // free this case's buffers before the dense baseline and the next case
   gpu::device_synchronize();
+  gpu::release_buffer_cache();  // and return them to the device: the next shapes differ
 
   if (kind == Kind::gemm) {
     const gpu::DenseGemmTiming dense =

@@ -223,20 +223,6 @@ OpInfo::Bench swiglu_expert_ffn_gpu_bench_device(const Case& c) {
 
 // ---------------------------------------------------------------------------------------------
 
-const PendingBenchHooks* pending_bench_hooks(std::string_view op) {
-  static const PendingBenchHooks gemm{grouped_gemm_full_bench_cases, grouped_gemm_gpu_bench_device,
-                                      grouped_gemm_bench_verify_case};
-  static const PendingBenchHooks ffn{swiglu_expert_ffn_full_bench_cases,
-                                     swiglu_expert_ffn_gpu_bench_device,
-                                     swiglu_expert_ffn_bench_verify_case};
-  static const PendingBenchHooks block{moe_block_gpu_bench_cases, moe_block_gpu_bench_device,
-                                       moe_block_bench_verify_case};
-  if (op == "grouped_gemm") return &gemm;
-  if (op == "swiglu_expert_ffn") return &ffn;
-  if (op == "moe_block") return &block;
-  return nullptr;
-}
-
 }  // namespace moe::ops
 
 #endif  // MOE_WITH_CUDA

@@ -6,10 +6,6 @@
 //   - the hooks of grouped_gemm and swiglu_expert_ffn (defined in bench_device.cpp) and of
 //     moe_block (block_gpu.cpp), with the full-size cases of the issue and the small cases
 //     `moe-harness bench` verifies first;
-//   - pending_bench_hooks: those hooks by op name, for `moe-harness bench` to use while the three
-//     records (harness/ops/grouped_gemm.cpp, swiglu_expert_ffn.cpp, moe_block.cpp, other work in
-//     progress) do not set gpu_bench_device themselves. A record that sets gpu_bench_device wins;
-//     once all three do, this table goes.
 #pragma once
 
 #ifdef MOE_WITH_CUDA
@@ -46,15 +42,6 @@ Case swiglu_expert_ffn_bench_verify_case(const Case& c);
 // verification case keeps E, K, the router and the regime with B = 1, S = 64, H = 64, M = 64.
 OpInfo::Bench moe_block_gpu_bench_device(const Case& c);
 Case moe_block_bench_verify_case(const Case& c);
-
-struct PendingBenchHooks {
-  std::vector<Case> (*cases)();
-  OpInfo::Bench (*device)(const Case&);
-  Case (*verify)(const Case&);
-};
-// Hooks of a record that does not set them yet (grouped_gemm, swiglu_expert_ffn, moe_block); null
-// for every other op.
-const PendingBenchHooks* pending_bench_hooks(std::string_view op);
 
 }  // namespace moe::ops
 

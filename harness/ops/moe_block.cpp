@@ -23,6 +23,7 @@
 #include "reference/topk_router.h"
 
 #ifdef MOE_WITH_CUDA
+#include "harness/ops/bench_device.h"
 #include "harness/ops/block_gpu.h"
 #endif
 
@@ -667,6 +668,8 @@ const OpInfo& moe_block_op() {
 #ifdef MOE_WITH_CUDA
     o.gpu = moe_block_gpu;
     o.gpu_bench = moe_block_gpu_bench;
+    o.gpu_bench_device = moe_block_gpu_bench_device;  // full size, device-generated inputs
+    o.bench_verify_case = moe_block_bench_verify_case;
     o.bench_cases = moe_block_gpu_bench_cases;
 #endif
     return o;
