@@ -286,8 +286,7 @@ void moe_aux_loss_fwd_into(const DeviceTensor& probs, const DeviceTensor& tokens
   auto st = reinterpret_cast<cudaStream_t>(s);
   const int64_t nchunks = (R + kChunkRows - 1) / kChunkRows;
   float* work = nullptr;
-  MOE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&work),
-                                 static_cast<size_t>(nchunks * C + C) * sizeof(float), st));
+  work = static_cast<float*>(malloc_async(static_cast<size_t>(nchunks * C + C) * sizeof(float), s));
   float* partial = work;
   float* terms = work + nchunks * C;
   dispatch_float(probs.dtype(), [&](auto tag) {

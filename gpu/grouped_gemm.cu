@@ -463,11 +463,7 @@ void* stream_arena(size_t bytes, Stream s) {
     if (a.p) MOE_CUDA_CHECK(cudaFreeAsync(a.p, s));
     a.p = nullptr;
     a.cap = 0;
-    if (cudaMallocAsync(&a.p, bytes, s) == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // not sticky: free DeviceTensor's cached buffers and retry once
-      release_buffer_cache();
-      MOE_CUDA_CHECK(cudaMallocAsync(&a.p, bytes, s));
-    }
+    a.p = malloc_async(bytes, s);
     a.cap = bytes;
   }
   return a.p;
@@ -901,7 +897,7 @@ namespace gemm_detail {
 
 DevicePlan::DevicePlan(const GroupPlan& plan, Stream s) : s_(s) {
   const size_t bytes = plan.offsets.size() * sizeof(int64_t);
-  MOE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&offsets_), bytes, s));
+  offsets_ = static_cast<int64_t*>(malloc_async(bytes, s));
   MOE_CUDA_CHECK(cudaMemcpyAsync(offsets_, plan.offsets.data(), bytes, cudaMemcpyHostToDevice, s));
 }
 
@@ -910,7 +906,7 @@ DevicePlan::~DevicePlan() {
 }
 
 Scratch::Scratch(size_t bytes, Stream s) : s_(s) {
-  if (bytes > 0) MOE_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
+  if (bytes > 0) p_ = malloc_async(bytes, s);
 }
 
 Scratch::~Scratch() {

@@ -31,7 +31,7 @@ template <class T>
 class Scratch {
  public:
   Scratch(int64_t n, Stream s) : s_(s), n_(n) {
-    if (n > 0) MOE_CUDA_CHECK(cudaMallocAsync(&p_, static_cast<size_t>(n) * sizeof(T), s));
+    if (n > 0) p_ = static_cast<T*>(malloc_async(static_cast<size_t>(n) * sizeof(T), s));
   }
   ~Scratch() {
     if (p_) cudaFreeAsync(p_, s_);

@@ -67,6 +67,9 @@ class DeviceTensor {
 // Frees every device buffer the DeviceTensor cache holds (gpu/runtime.cu): between benchmark cases
 // of different shapes, and before retrying a stream-ordered allocation that ran out of memory.
 void release_buffer_cache() noexcept;
+// cudaMallocAsync on s that, when the device is out of memory, empties that cache and tries once
+// more (the cache may hold what a stream-ordered allocation needs). Throws on failure.
+void* malloc_async(size_t bytes, Stream s);
 
 // Device-side error flag for data-dependent faults (SPEC §0 error policy 2). Kernels record the
 // first fault with atomicCAS (code, then up to two values); read() synchronises and returns it.
