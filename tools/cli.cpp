@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "harness/ops/check.h"
+#include "harness/ops/ep_family.h"
 #include "harness/ops/registry.h"
 #include "tools/commands.h"
 
@@ -87,8 +89,8 @@ void add_check_command(CLI::App& app, int& status) {
   cmd->add_flag("--random-only", random_only, "Skip the named cases");
   cmd->add_flag("-v,--verbose", verbose, "Print every case");
   cmd->add_option("--ep", ep,
-                  "Run moe_block's cases with ep_size N, dp_size 1 over NCCL, one EP rank per "
-                  "process (under `moe-harness launch -n N`)")
+                  "Run moe_block's cases, rewritten to ep_size N and dp_size 1, over NCCL, one EP "
+                  "rank per process (under `moe-harness launch -n N`)")
       ->check(CLI::PositiveNumber);
   cmd->callback([&status] {
     if (backend.empty()) backend = ops::gpu_available() ? "gpu" : "reference";
@@ -183,21 +185,24 @@ void add_check_command(CLI::App& app, int& status) {
         rows.push_back(row);
         continue;
       }
-      // With --ep, only the cases of that EP size on one data-parallel group.
-      auto wanted = [](const Case& c) {
-        return ep == 0 || (c.i("ep_size", 1) == ep && c.i("dp_size", 1) == 1);
+      // With --ep, every case rewritten to that EP size on one data-parallel group (those whose
+      // experts do not divide by it are skipped).
+      auto for_ep = [](const Case& c) -> std::optional<Case> {
+        if (ep == 0) return c;
+        return ops::moe_block_case_for_ep(c, ep);
       };
       if (!random_only && op->named) {
         for (const Case& c : op->named())
-          if (wanted(c)) run_case(*op, c, backend, row, verbose);
+          if (auto e = for_ep(c)) run_case(*op, *e, backend, row, verbose);
       }
       int drawn = 0;
       for (int i = 0; drawn < n_cases && i < 200 * std::max(n_cases, 1); ++i) {
         const int size = 10 + (n_cases > 1 ? drawn * 90 / (n_cases - 1) : 0);
-        const Case c = op->gen()(rc::Random(seed * 1000003ull + i), size).value();
-        if (!wanted(c)) continue;
+        const std::optional<Case> c =
+            for_ep(op->gen()(rc::Random(seed * 1000003ull + i), size).value());
+        if (!c) continue;
         ++drawn;
-        run_case(*op, c, backend, row, verbose);
+        run_case(*op, *c, backend, row, verbose);
       }
       row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       row.disposition = row.failed ? "Incorrect" : "Passed";

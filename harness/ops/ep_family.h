@@ -4,6 +4,7 @@
 // SPEC §14), generated counts per regime, and GEMM bounds.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,13 @@ Tensor reduction_bound(DType out, const Tensor& ref, const Tensor& abs_sum, int6
 
 // The moe_block parameters of a Case (defined with the moe_block record).
 MoeBlockParams moe_block_params(const Case& c);
+
+// A moe_block case rewritten to run with ep_size = P on one data-parallel group (dp_size 1),
+// batch B rounded up to a multiple of P and "_epP" added to its name; nullopt when its experts do
+// not divide by P or its routing is forced (R3's forcing is written for its own P). Cases already
+// at ep_size P, dp_size 1 come back unchanged. `check --ep P` and the multi-GPU tests use it, so
+// every EP size the launcher can start has cases.
+std::optional<Case> moe_block_case_for_ep(const Case& c, int64_t P);
 
 // Integer values of an index tensor.
 std::vector<int64_t> int_values(const Tensor& t);

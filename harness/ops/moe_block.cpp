@@ -49,6 +49,16 @@ MoeBlockParams moe_block_params(const Case& c) {
   return p;
 }
 
+std::optional<Case> moe_block_case_for_ep(const Case& c, int64_t P) {
+  if (c.i("ep_size", 1) == P && c.i("dp_size", 1) == 1) return c;
+  if (P < 1 || c.has("forcing") || c.i("num_experts") % P != 0) return std::nullopt;
+  Case e = c;
+  e.set("ep_size", P).set("dp_size", int64_t{1});
+  e.set("B", (c.i("B") + P - 1) / P * P);
+  if (c.has("name")) e.set("name", c.s("name") + "_ep" + std::to_string(P));
+  return e;
+}
+
 namespace {
 
 MoeBlockParams block_params(const Case& c) {

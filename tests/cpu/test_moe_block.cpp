@@ -487,3 +487,33 @@ TEST(MoeBlockErrors, ZeroTokensWithAuxLoss) {
   q.aux_loss_coeff = 0.01;
   EXPECT_THAT(f.error(q), HasSubstr("total_num_tokens"));
 }
+
+// `check --ep P` and the multi-GPU tests rewrite cases to the launcher's EP size.
+TEST(MoeBlockCaseForEp, RewritesDivisibleCasesAndSkipsTheRest) {
+  const ops::OpInfo& op = *ops::find_op("moe_block");
+  int rewritten = 0;
+  for (const Case& c : op.named()) {
+    for (int64_t P : {2, 4, 8}) {
+      const std::optional<Case> e = ops::moe_block_case_for_ep(c, P);
+      if (c.has("forcing") && c.i("ep_size") != P) {
+        EXPECT_FALSE(e) << c.line();
+        continue;
+      }
+      if (c.i("num_experts") % P != 0) {
+        EXPECT_FALSE(e) << c.line();
+        continue;
+      }
+      ASSERT_TRUE(e) << c.line();
+      EXPECT_EQ(e->i("ep_size"), P);
+      EXPECT_EQ(e->i("dp_size"), 1);
+      EXPECT_EQ(e->i("B") % P, 0);
+      EXPECT_GE(e->i("B"), c.i("B"));
+      // The rewritten case is valid: the reference runs it.
+      if (P == 8 && rewritten < 3) {
+        EXPECT_NO_THROW(op.reference(*e, op.make_inputs(*e), false)) << e->line();
+        ++rewritten;
+      }
+    }
+  }
+  EXPECT_GT(rewritten, 0);
+}

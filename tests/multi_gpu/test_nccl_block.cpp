@@ -28,33 +28,24 @@ namespace {
 
 using gpu::DeviceTensor;
 
-// Named moe_block cases runnable with ep_size = P and dp_size = 1: the EP = 2 regression cases
-// as they are, and every catalogue case whose experts and batch divide by P (set to ep_size P).
+// Named moe_block cases at ep_size = P and dp_size = 1: the EP = 2 regression cases as they are,
+// every other case whose experts divide by P rewritten to that EP size (moe_block_case_for_ep).
 std::vector<Case> ep_cases(int P) {
-  const ops::OpInfo& op = *ops::find_op("moe_block");
   std::vector<Case> v;
-  for (Case c : op.named()) {
-    if (c.i("ep_size") == P && c.i("dp_size") == 1) {
-      v.push_back(c);
-      continue;
-    }
-    if (c.has("forcing")) continue;  // forced routings are written for their own P
-    if (c.i("num_experts") % P != 0 || c.i("B") % P != 0) continue;
-    c.set("ep_size", int64_t{P}).set("dp_size", int64_t{1});
-    c.set("name", c.s("name", "") + "_ep" + std::to_string(P));
-    v.push_back(c);
+  for (const Case& c : ops::find_op("moe_block")->named()) {
+    if (auto e = ops::moe_block_case_for_ep(c, P)) v.push_back(*e);
   }
   return v;
 }
 
-// Random cases of the record's generator with ep_size = P and dp_size = 1 (same seeds on every
-// rank, so every rank draws the same cases).
+// Random cases of the record's generator rewritten to ep_size = P (same seeds on every rank, so
+// every rank draws the same cases).
 std::vector<Case> random_ep_cases(int P, int n) {
   const ops::OpInfo& op = *ops::find_op("moe_block");
   std::vector<Case> v;
   for (int i = 0; static_cast<int>(v.size()) < n && i < 4000; ++i) {
     const Case c = op.gen()(rc::Random(20261122ull * 1000003ull + i), 60).value();
-    if (c.i("ep_size") == P && c.i("dp_size") == 1) v.push_back(c);
+    if (auto e = ops::moe_block_case_for_ep(c, P)) v.push_back(*e);
   }
   return v;
 }
@@ -188,7 +179,9 @@ TEST(NcclMoeBlock, R5R7SavedStateOnEachRank) {
 TEST(NcclMoeBlock, UnsupportedLayoutsThrowOnEveryRank) {
   MOE_NCCL_OR_SKIP(comm);
   const ops::OpInfo& op = *ops::find_op("moe_block");
-  Case c = ep_cases(comm.size()).front();
+  const std::vector<Case> cases = ep_cases(comm.size());
+  ASSERT_FALSE(cases.empty());
+  const Case c = cases.front();
   const TensorMap in = op.make_inputs(c);
   Inputs d(in);
   MoeBlockParams p = ops::moe_block_params(c);
