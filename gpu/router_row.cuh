@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu/device_util.cuh"
 #include "harness/core/score_fn.h"
@@ -209,11 +210,43 @@ __device__ __forceinline__ float load_any_f32(const void* p, int dtype, int64_t 
   }
 }
 
+// One chunk of 8 as raw 16-byte words (x; y too for f32), for software prefetching: p is
+// 16-byte aligned and all 8 are present.
+template <class T>
+__device__ __forceinline__ void ldg_raw8(const T* p, uint4& x, uint4& y) {
+  x = __ldg(reinterpret_cast<const uint4*>(p));
+  if constexpr (sizeof(T) == 4) y = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+}
+template <class T>
+__device__ __forceinline__ void decode8(const uint4& x, const uint4& y, float (&v)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    v[0] = __uint_as_float(x.x), v[1] = __uint_as_float(x.y), v[2] = __uint_as_float(x.z),
+    v[3] = __uint_as_float(x.w), v[4] = __uint_as_float(y.x), v[5] = __uint_as_float(y.y),
+    v[6] = __uint_as_float(y.z), v[7] = __uint_as_float(y.w);
+  } else {
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = bits16_to_f32<T>(w[i] & 0xffffu);
+      v[2 * i + 1] = bits16_to_f32<T>(w[i] >> 16);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Programmatic dependent launch (PDL, sm_90): every row kernel first waits for the grid before it
 // in the stream to complete (griddepcontrol.wait, a no-op when the launch carries no PDL
-// attribute), so it reads and writes nothing early; it then lets the next grid launch, whose
-// blocks fill the SMs as this grid's last blocks retire instead of after a full drain.
+// attribute), so it reads (bar the L2 prefetches below) and writes nothing early; it then lets the
+// next grid launch, whose blocks fill the SMs as this grid's last blocks retire instead of after a
+// full drain.
+
+// Before the wait a kernel may prefetch its first inputs into L2 (not L1): the L2 is the device's
+// point of coherence, so a line the previous grid writes afterwards is updated there, and the reads
+// after the wait (which miss in L1) see the final data. The DRAM latency of the first loads then
+// overlaps the previous grid's tail.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 __device__ __forceinline__ void pdl_wait_and_trigger() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -238,6 +271,10 @@ struct FwdArgs {
   float scaling = 1.0f;
   int bitmap = 0;
   int vec = 0;  // E % 8 == 0 and every pointer 16-byte aligned
+  // fwd8_kernel (vec only): 1 = load the warp's next row into registers before computing this one;
+  // 2 = also prefetch the row after it into L2.
+  int prefetch = 0;
+  int l2pf = 0;  // fwd8_kernel: prefetch the first row into L2 before the PDL wait
 };
 
 // The 32-lane, 8-slot forward (E in 129..256, e.g. DeepSeek-V3) is capped at 64 registers so 4
@@ -651,9 +688,10 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
   return m;
 }
 
-template <class TIn, int LANES, bool kAux>
+// kPost: softmax post (the launch's a.fn == kSoftmax && !a.pre, router only), a template argument
+// so the other functions keep no copy of the sorted keys through the top-K rounds.
+template <class TIn, int LANES, bool kAux, bool kPost>
 __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
-  pdl_wait_and_trigger();
   constexpr int RPB = kBlock / LANES;
   const int lane = static_cast<int>(threadIdx.x) % LANES;
   const int wl = static_cast<int>(threadIdx.x) % 32;
@@ -663,17 +701,31 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   const int E = a.E;
   const int e0 = 8 * lane;
   const int nvalid = min(max(E - e0, 0), 8);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / LANES;
+  const TIn* logits = static_cast<const TIn*>(a.logits);
+  if (a.l2pf != 0 && row0 < a.T && nvalid > 0) prefetch_l2(logits + row0 * E + e0);
+  pdl_wait_and_trigger();
   const int64_t mapw = a.bitmap ? (E + 7) / 8 : E;
   const bool vec = a.vec != 0;
   const bool has_bias = !kAux && a.bias != nullptr;
   const bool grouped = !kAux && a.gk > 0;
-  const bool post = !kAux && a.fn == kSoftmax && !a.pre;
+  constexpr bool post = !kAux && kPost;
 
-  float bias[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    bias[j] = (has_bias && j < nvalid) ? load_any_f32(a.bias, a.bias_dtype, e0 + j) : 0.0f;
+  // The bias, widened once per block into shared memory (0 beyond E) and read per row where it is
+  // used, so it holds no registers through the selection.
+  __shared__ __align__(16) float sbias[8 * LANES];
+  if (has_bias) {
+    for (int t = static_cast<int>(threadIdx.x); t < 8 * LANES; t += kBlock) {
+      sbias[t] = t < E ? load_any_f32(a.bias, a.bias_dtype, t) : 0.0f;
+    }
+    __syncthreads();
   }
+  auto load_bias = [&](float(&b)[8]) {
+    const float4 lo = *reinterpret_cast<const float4*>(&sbias[e0]);
+    const float4 hi = *reinterpret_cast<const float4*>(&sbias[e0 + 4]);
+    b[0] = lo.x, b[1] = lo.y, b[2] = lo.z, b[3] = lo.w, b[4] = hi.x, b[5] = hi.y, b[6] = hi.z,
+    b[7] = hi.w;
+  };
   // Grouping (row-independent): the group's width in lanes, whether this lane leads a group.
   int gw = 1;
   bool leader = false;
@@ -683,8 +735,16 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     leader = nvalid > 0 && lane % gw == 0;
   }
 
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * RPB; base < a.T;
-       base += static_cast<int64_t>(gridDim.x) * RPB) {
+  // Prefetch (vec: every lane holds 8 experts or none): the warp's next row is loaded before this
+  // one is computed, so the load latency overlaps the selection.
+  const bool pf = vec && a.prefetch != 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * RPB;
+  const bool pf2 = pf && a.prefetch > 1;
+  uint4 nx = make_uint4(0u, 0u, 0u, 0u), ny = nx;
+  if (pf && row0 < a.T && nvalid > 0) ldg_raw8(logits + row0 * E + e0, nx, ny);
+  if (pf2 && row0 + stride < a.T && nvalid > 0) prefetch_l2(logits + (row0 + stride) * E + e0);
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * RPB; base < a.T; base += stride) {
     const int64_t row = base + static_cast<int64_t>(threadIdx.x) / LANES;
     const bool active = row < a.T;
     const int n = active ? nvalid : 0;
@@ -694,7 +754,16 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     float z[8];
     {
       float v[8];
-      if (n > 0) load8(static_cast<const TIn*>(a.logits) + off, vec && n == 8, n, v);
+      if (pf) {
+        decode8<TIn>(nx, ny, v);
+        const int64_t nrow = row + stride;
+        if (nrow < a.T && nvalid > 0) ldg_raw8(logits + nrow * E + e0, nx, ny);
+        if (pf2 && nrow + stride < a.T && nvalid > 0) {
+          prefetch_l2(logits + (nrow + stride) * E + e0);
+        }
+      } else if (n > 0) {
+        load8(logits + off, vec && n == 8, n, v);
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) z[j] = j < n ? v[j] : -INFINITY;
     }
@@ -740,6 +809,8 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         for (int j = 0; j < 8; ++j) z[j] = z[j] / den;
         store_row(a.scores, z);
       } else if (has_bias) {
+        float bias[8];
+        load_bias(bias);
 #pragma unroll
         for (int j = 0; j < 8; ++j) z[j] = z[j] + bias[j];
       }
@@ -811,7 +882,7 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     // Step 3: top-K.
     uint32_t so[8];  // softmax post: the sorted keys, kept for the exponentials below
 #pragma unroll
-    for (int j = 0; j < 8; ++j) so[j] = sk[j];
+    for (int j = 0; j < 8; ++j) so[j] = post ? sk[j] : 0u;
     uint32_t first, thr;
     int c;
     if constexpr (LANES == 1) {
@@ -853,11 +924,17 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       gtb &= validbits;
       eqb &= validbits;
       int need = c - __popc(gtb);
+      // need <= popc(eqb) (the lane's picks are its first c sorted keys); all ties are taken
+      // unless the threshold value is split, which needs the slot-order walk.
+      if (need == __popc(eqb)) {
+        selbits = eqb;
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const bool take = ((eqb >> j) & 1u) != 0u && need > 0;
-        need -= take ? 1 : 0;
-        selbits |= take ? (1u << j) : 0u;
+        for (int j = 0; j < 8; ++j) {
+          const bool take = ((eqb >> j) & 1u) != 0u && need > 0;
+          need -= take ? 1 : 0;
+          selbits |= take ? (1u << j) : 0u;
+        }
       }
       selbits |= gtb;
     }
@@ -866,7 +943,7 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     if (!kAux) {
       // Steps 4-6.
       float p[8];
-      if (post) {
+      if constexpr (post) {
         // exp(z - max) for the lane's picked values only (the first c sorted keys; their
         // warp-wide maximum count bounds a uniform loop), then mapped back to the slots by value.
         const float mx = key_value(first);
@@ -900,6 +977,8 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         for (int j = 0; j < 8; ++j) p[j] = selected(j) ? z[j] : 0.0f;
       } else {
         float sum = 0.0f;
+        float bias[8];
+        if (has_bias) load_bias(bias);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           // v = fl(fl(s + b) - b): z already holds fl(s + b).
@@ -935,17 +1014,28 @@ struct BwdArgs {
   int64_t T = 0;
   int E = 0, K = 0, fn = 0, pre = 0, bitmap = 0, vec = 0, aux = 0;
   float scaling = 1.0f;
+  int l2pf = 0;  // prefetch the first row's first chunk into L2 before the PDL wait
 };
 
 template <class TG, class TO, int LANES, int VPT>
 __global__ void __launch_bounds__(kBlock) bwd_kernel(const BwdArgs a) {
-  pdl_wait_and_trigger();
   constexpr int RPB = kBlock / LANES;
   constexpr int NCH = VPT / 8;
   constexpr bool kRegs = VPT <= 32;
   const int lane = static_cast<int>(threadIdx.x) % LANES;
   const int E = a.E;
   const int64_t mapw = a.bitmap ? (E + 7) / 8 : E;
+  if (a.l2pf != 0) {
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / LANES;
+    const int e0 = 8 * lane;
+    if (row0 < a.T && e0 < E) {
+      const int64_t off = row0 * static_cast<int64_t>(E) + e0;
+      prefetch_l2(static_cast<const TG*>(a.grad) + off);
+      prefetch_l2(a.saved + off);
+      if (!a.aux) prefetch_l2(a.map + row0 * mapw + (a.bitmap ? e0 / 8 : e0));
+    }
+  }
+  pdl_wait_and_trigger();
   const bool vec = a.vec != 0;
 
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * RPB; base < a.T;
@@ -1061,6 +1151,11 @@ int grid_for_rows(int64_t rows, int rows_per_block, int blocks_per_sm = 64);  //
 // fwd8_kernel where it applies; 0 forces fwd_kernel, for comparisons).
 bool launch_pdl();
 bool use_fast_fwd();
+// MOE_ROUTER_PREFETCH (0, 1 or 2; default 2): fwd8_kernel loads a warp's next row before computing
+// the current one (1), and prefetches the row after it into L2 (2). MOE_ROUTER_L2PF (default 1):
+// the row kernels prefetch their first row into L2 before the PDL wait.
+int prefetch_level();
+bool use_l2_prefetch();
 
 template <class... KArgs>
 void launch_rows(void (*kernel)(KArgs...), int64_t rows, int lanes, int blocks_per_sm,
@@ -1095,9 +1190,19 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
     constexpr int L = decltype(lanes_c)::value, V = decltype(vpt_c)::value;
     if constexpr (V == 8) {
       if (fast) {
-        // One wave of resident blocks (__launch_bounds__(kBlock, 4)): each warp then handles
+        // One wave of resident blocks (__launch_bounds__(kBlock, minb)): each warp then handles
         // several rows, so the per-block setup (bias, groups) is paid once per wave, not per row.
-        launch_rows(fwd8_kernel<TIn, L, kAux>, a.T, L, 4, s, a);
+        FwdArgs b = a;
+        b.prefetch = prefetch_level();
+        b.l2pf = use_l2_prefetch() && launch_pdl() ? 1 : 0;
+        auto launch8 = [&](auto post_c) {
+          constexpr bool P = decltype(post_c)::value;
+          launch_rows(fwd8_kernel<TIn, L, kAux, P>, a.T, L, 4, s, b);
+        };
+        if (!kAux && a.fn == kSoftmax && !a.pre)
+          launch8(std::integral_constant<bool, !kAux>{});
+        else
+          launch8(std::false_type{});
         return;
       }
     }
@@ -1127,9 +1232,11 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
 template <class TG, class TO>
 void launch_bwd(const BwdArgs& a, cudaStream_t s) {
   const score::RowLayout l = score::row_layout(a.E);
+  BwdArgs b = a;
+  b.l2pf = use_l2_prefetch() && launch_pdl() ? 1 : 0;
   auto go = [&](auto lanes_c, auto vpt_c) {
     constexpr int L = decltype(lanes_c)::value, V = decltype(vpt_c)::value;
-    launch_rows(bwd_kernel<TG, TO, L, V>, a.T, L, 64, s, a);
+    launch_rows(bwd_kernel<TG, TO, L, V>, a.T, L, 64, s, b);
   };
   using std::integral_constant;
   if (l.lanes == 1)

@@ -44,6 +44,19 @@ bool use_fast_fwd() {
   static const bool on = env_flag("MOE_ROUTER_FAST", true);
   return on;
 }
+int prefetch_level() {
+  static const int level = [] {
+    const char* v = std::getenv("MOE_ROUTER_PREFETCH");
+    if (v == nullptr || *v == '\0') return 2;
+    const int x = std::atoi(v);
+    return x < 0 ? 0 : (x > 2 ? 2 : x);
+  }();
+  return level;
+}
+bool use_l2_prefetch() {
+  static const bool on = env_flag("MOE_ROUTER_L2PF", true);
+  return on;
+}
 
 }  // namespace rowk
 
