@@ -4,6 +4,8 @@
 
 #include "harness/ops/bench_device.h"
 
+#include "harness/ops/ffn_family_gpu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -63,39 +65,16 @@ Case cut_rows(const Case& c, int64_t max_rows) {
   return s;
 }
 
-Case gemm_case(const std::string& name, Regime regime, int64_t G, int64_t M, int64_t K, int64_t N) {
-  Case c;
-  c.op = "grouped_gemm";
-  c.dtype = DType::bf16;
-  c.regime = regime;
-  c.seed = 23;
-  c.set("name", name).set("G", G).set("M_total", M).set("K_d", K).set("N", N);
-  c.set("tail", int64_t{0}).set("bias", false);
-  return c;
-}
-
-Case ffn_case(const std::string& name, Regime regime, int64_t G, int64_t Mt, int64_t H, int64_t M) {
-  Case c;
-  c.op = "swiglu_expert_ffn";
-  c.dtype = DType::bf16;
-  c.regime = regime;
-  c.seed = 29;
-  c.set("name", name).set("G", G).set("M_total", Mt).set("H", H).set("M", M);
-  c.set("tail", int64_t{0}).set("activation", "silu");
-  c.set("wi_0_bias", false).set("wi_1_bias", false).set("wo_bias", false);
-  return c;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // grouped_gemm
 
 std::vector<Case> grouped_gemm_full_bench_cases() {
-  return {gemm_case("mixtral_uniform", Regime::uniform, 8, 32768, 4096, 14336),
-          gemm_case("mixtral_skewed", Regime::skewed, 8, 32768, 4096, 14336),
-          gemm_case("deepseek_uniform", Regime::uniform, 256, 65536, 7168, 2048),
-          gemm_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048)};
+  return {gemm_bench_case("mixtral_uniform", Regime::uniform, 8, 32768, 4096, 14336),
+          gemm_bench_case("mixtral_skewed", Regime::skewed, 8, 32768, 4096, 14336),
+          gemm_bench_case("deepseek_uniform", Regime::uniform, 256, 65536, 7168, 2048),
+          gemm_bench_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048)};
 }
 
 Case grouped_gemm_bench_verify_case(const Case& c) {
@@ -149,10 +128,10 @@ OpInfo::Bench grouped_gemm_gpu_bench_device(const Case& c) {
 // swiglu_expert_ffn
 
 std::vector<Case> swiglu_expert_ffn_full_bench_cases() {
-  return {ffn_case("mixtral_uniform", Regime::uniform, 8, 32768, 4096, 14336),
-          ffn_case("mixtral_skewed", Regime::skewed, 8, 32768, 4096, 14336),
-          ffn_case("deepseek_uniform", Regime::uniform, 256, 65536, 7168, 2048),
-          ffn_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048)};
+  return {ffn_bench_case("mixtral_uniform", Regime::uniform, 8, 32768, 4096, 14336),
+          ffn_bench_case("mixtral_skewed", Regime::skewed, 8, 32768, 4096, 14336),
+          ffn_bench_case("deepseek_uniform", Regime::uniform, 256, 65536, 7168, 2048),
+          ffn_bench_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048)};
 }
 
 Case swiglu_expert_ffn_bench_verify_case(const Case& c) {

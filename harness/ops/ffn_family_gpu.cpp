@@ -66,7 +66,10 @@ struct FfnInputs {
   gpu::FfnWeights weights() const { return {wi_0, wi_1, wo, ptr(b0), ptr(b1), ptr(bo)}; }
 };
 
-Case gemm_case(const std::string& name, Regime regime, int64_t G, int64_t M, int64_t K, int64_t N) {
+}  // namespace
+
+Case gemm_bench_case(const std::string& name, Regime regime, int64_t G, int64_t M, int64_t K,
+                     int64_t N) {
   Case c;
   c.op = "grouped_gemm";
   c.dtype = DType::bf16;
@@ -77,7 +80,8 @@ Case gemm_case(const std::string& name, Regime regime, int64_t G, int64_t M, int
   return c;
 }
 
-Case ffn_case(const std::string& name, Regime regime, int64_t G, int64_t Mt, int64_t H, int64_t M) {
+Case ffn_bench_case(const std::string& name, Regime regime, int64_t G, int64_t Mt, int64_t H,
+                    int64_t M) {
   Case c;
   c.op = "swiglu_expert_ffn";
   c.dtype = DType::bf16;
@@ -88,8 +92,6 @@ Case ffn_case(const std::string& name, Regime regime, int64_t G, int64_t Mt, int
   c.set("wi_0_bias", false).set("wi_1_bias", false).set("wo_bias", false);
   return c;
 }
-
-}  // namespace
 
 TensorMap grouped_gemm_gpu(const Case& c, const TensorMap& in) {
   const gpu::GemmOptions o = options(c, true);
@@ -205,15 +207,15 @@ OpInfo::Bench swiglu_expert_ffn_gpu_bench(const Case& c, const TensorMap& in) {
 }
 
 std::vector<Case> grouped_gemm_gpu_bench_cases() {
-  return {gemm_case("mixtral_tp8_uniform", Regime::uniform, 8, 16384, 4096, 1792),
-          gemm_case("mixtral_tp8_skewed", Regime::skewed, 8, 16384, 4096, 1792),
-          gemm_case("deepseek_ep32_uniform", Regime::uniform, 8, 2048, 7168, 2048),
-          gemm_case("deepseek_ep32_skewed", Regime::skewed, 8, 2048, 7168, 2048)};
+  return {gemm_bench_case("mixtral_tp8_uniform", Regime::uniform, 8, 16384, 4096, 1792),
+          gemm_bench_case("mixtral_tp8_skewed", Regime::skewed, 8, 16384, 4096, 1792),
+          gemm_bench_case("deepseek_ep32_uniform", Regime::uniform, 8, 2048, 7168, 2048),
+          gemm_bench_case("deepseek_ep32_skewed", Regime::skewed, 8, 2048, 7168, 2048)};
 }
 
 std::vector<Case> swiglu_expert_ffn_gpu_bench_cases() {
-  return {ffn_case("mixtral_tp8_uniform", Regime::uniform, 8, 16384, 4096, 1792),
-          ffn_case("deepseek_ep32_uniform", Regime::uniform, 8, 2048, 7168, 2048)};
+  return {ffn_bench_case("mixtral_tp8_uniform", Regime::uniform, 8, 16384, 4096, 1792),
+          ffn_bench_case("deepseek_ep32_uniform", Regime::uniform, 8, 2048, 7168, 2048)};
 }
 
 }  // namespace moe::ops

@@ -31,6 +31,12 @@ OpInfo::Bench swiglu_expert_ffn_gpu_bench(const Case& c, const TensorMap& in);
 // full-size shapes of the issue run in GemmBench with inputs generated on the device.
 std::vector<Case> grouped_gemm_gpu_bench_cases();
 std::vector<Case> swiglu_expert_ffn_gpu_bench_cases();
+// The bf16 benchmark cases both bench paths build from (host inputs here, device inputs in
+// bench_device.cpp): G groups over M rows of a K x N product, or of an H -> M FFN.
+Case gemm_bench_case(const std::string& name, Regime regime, int64_t G, int64_t M, int64_t K,
+                     int64_t N);
+Case ffn_bench_case(const std::string& name, Regime regime, int64_t G, int64_t Mt, int64_t H,
+                    int64_t M);
 
 }  // namespace moe::ops
 
