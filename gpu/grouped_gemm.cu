@@ -13,6 +13,7 @@
 
 #include "gpu/device_util.cuh"
 #include "gpu/grouped_gemm.cuh"
+#include "gpu/grouped_gemm_sm90.cuh"
 
 namespace moe::gpu {
 
@@ -627,6 +628,64 @@ constexpr int64_t kLargeRows = 1024;
 
 // The plan with only its large (above kLargeRows) or only its small groups; the others emptied,
 // offsets unchanged.
+// GemmImpl::sm90: the fwd / dgrad products of every (b, c) pair on our Hopper kernel
+// (gpu/grouped_gemm_sm90.cuh), the bias (fwd only) added in its epilogue. The group offsets and
+// the tile table go up through an upload slot. Returns false, having issued nothing, when the
+// kernel cannot take a product (then the caller falls back to chunked).
+std::atomic<int64_t> g_sm90_calls{0};
+
+bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
+              const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
+              int64_t N, bool accumulate, const void* bias, DType bias_type, Stream s) {
+  if (role == GemmRole::wgrad) return false;
+  const int64_t G = plan.groups();
+  sm90::RowGroupedProduct p;
+  p.b_k_major = role == GemmRole::dgrad;
+  p.ab = ab;
+  p.a = a;
+  p.rows = plan.rows;
+  p.kc = role == GemmRole::fwd ? K : N;
+  p.nc = role == GemmRole::fwd ? N : K;
+  p.groups = G;
+  p.c_type = c_type;
+  p.accumulate = accumulate;
+  p.bias = bias;
+  p.bias_type = bias_type;
+  int64_t tiles = 0;
+  for (int64_t g = 0; g < G; ++g) tiles += sm90::tiles_of_group(plan.sizes[g], p.nc);
+  if (tiles > INT_MAX) return false;
+  for (const auto& [b, c] : bc) {
+    p.b = b;
+    p.c = c;
+    if (!sm90::supported(p)) return false;
+  }
+  if (tiles == 0) return true;
+  const size_t off_bytes = static_cast<size_t>(G + 1) * sizeof(int64_t);
+  UploadSlot& slot = acquire_upload(off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t));
+  auto* h_off = reinterpret_cast<int64_t*>(slot.host);
+  auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
+  int64_t t = 0;
+  for (int64_t g = 0; g <= G; ++g) {
+    h_off[g] = plan.offsets[g];
+    h_tiles[g] = static_cast<int32_t>(t);
+    if (g < G) t += sm90::tiles_of_group(plan.sizes[g], p.nc);
+  }
+  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host,
+                                 off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, s));
+  p.offsets = reinterpret_cast<const int64_t*>(slot.dev);
+  p.tile_start = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
+  p.tiles = static_cast<int32_t>(tiles);
+  for (const auto& [b, c] : bc) {
+    p.b = b;
+    p.c = c;
+    sm90::launch(p, s);
+  }
+  MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));
+  g_sm90_calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 GroupPlan masked(const GroupPlan& plan, bool large) {
   GroupPlan m = plan;
   m.used = 0;
@@ -836,6 +895,8 @@ std::string_view gemm_impl_name(GemmImpl impl) {
       return "streams";
     case GemmImpl::chunked:
       return "chunked";
+    case GemmImpl::sm90:
+      return "sm90";
   }
   return "?";
 }
@@ -845,8 +906,9 @@ GemmImpl parse_gemm_impl(std::string_view s) {
   if (s == "loop") return GemmImpl::loop;
   if (s == "streams") return GemmImpl::streams;
   if (s == "chunked") return GemmImpl::chunked;
+  if (s == "sm90") return GemmImpl::sm90;
   throw std::invalid_argument("impl: unknown value '" + std::string(s) +
-                              "' (expected grouped, loop, streams or chunked)");
+                              "' (expected grouped, loop, streams, chunked or sm90)");
 }
 
 // chunked: 38% faster than streams on the DeepSeek-like uniform forward, within the run-to-run
@@ -939,6 +1001,9 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
       return run_loop(ps, tab, tc, beta, s);
     case GemmImpl::streams:
       return run_streams(ps, tab, tc, beta, s, aux_count(o));
+    case GemmImpl::sm90:
+      if (run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s)) return;
+      [[fallthrough]];
     case GemmImpl::chunked:
       if (!chunked_aligned(dtype_size(ab), a, bc, dtype_size(c_type), K, N)) {
         return run_streams(ps, tab, tc, beta, s, aux_count(o));
@@ -1067,6 +1132,10 @@ void copy_device(void* dst, const void* src, size_t bytes, Stream s) {
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
 }
 
+int64_t sm90_kernel_calls() {
+  return g_sm90_calls.load();
+}
+
 int64_t chunked_batched_calls() {
   return g_chunked_calls.load(std::memory_order_relaxed);
 }
@@ -1109,7 +1178,14 @@ void grouped_gemm_fwd_into(const DeviceTensor& x, const DeviceTensor& w, const G
                                  out.data(), sh.k, sh.n, false, s, o);
     return;
   }
-  // rnd_d(sum + bias) with one rounding: fp32 accumulator, then the bias epilogue.
+  // rnd_d(sum + bias) with one rounding: in the sm90 kernel's epilogue, or an fp32 accumulator
+  // and the bias epilogue.
+  if (o.impl == GemmImpl::sm90) {
+    gemm_detail::zero_tail_rows(plan, out.data(), sh.n, dtype_size(out.dtype()), s);
+    if (run_sm90(GemmRole::fwd, plan, x.dtype(), x.data(), {{w.data(), out.data()}}, out.dtype(),
+                 sh.k, sh.n, false, bias->data(), bias->dtype(), s))
+      return;
+  }
   Scratch acc(static_cast<size_t>(plan.used * sh.n) * sizeof(float), s);
   gemm_detail::grouped_product(GemmRole::fwd, plan, x.dtype(), x.data(), w.data(), DType::f32,
                                acc.get(), sh.k, sh.n, false, s, o);

@@ -40,6 +40,15 @@
 //     2.88 ms, 85% of the dense product's speed; chunked moved 2115 GB/s there. dgrad and wgrad
 //     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
 //     copy speed).
+//   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked),
+//     GemmBench on an H100, bf16, the same dense baselines measured in the same run:
+//       Mixtral-like uniform / skewed   fwd 647 (81%) / 580 (80%)   f+b 639 (86%) / 637 (86%)
+//       DeepSeek-like uniform / skewed  fwd 360 (45%) / 388 (49%)   f+b 362 (54%) / 344 (55%)
+//     chunked stays the default: its forward measured 97-108% (Mixtral) and 54-61% (DeepSeek)
+//     of dense in the runs of the same session. A first one-CTA version of the kernel measured
+//     70% / 41%; 2-CTA clusters multicasting the weight tile and a branch-free epilogue brought
+//     it to the figures above. What holds the DeepSeek-like shape at ~1.6 TB/s of DRAM traffic
+//     (half the copy bandwidth, with no operand read twice from DRAM) is not yet known.
 //   - Without a bias cuBLAS writes d directly (one rounding of the fp32 accumulator). With a bias
 //     it writes an fp32 buffer and one kernel adds f32(bias[g]) and rounds once, as the SPEC's
 //     rnd_d(sum + bias) asks. grad bias is a deterministic per-group column sum in fp32 (fixed
@@ -76,6 +85,9 @@ enum class GemmImpl : uint8_t {
             // rows copied into zero-padded blocks, one batched call per bin; larger groups as
             // `streams`. Pointers not 16-byte aligned (K or N not a multiple of 8) fall back to
             // `streams`.
+  sm90,     // fwd, dgrad: our own persistent TMA + wgmma kernel (gpu/grouped_gemm_sm90.cuh) on
+            // sm_90 GPUs, 16-bit operands, K and N multiples of 8, with the forward bias in its
+            // epilogue; wgrad, and whatever the kernel cannot take, as `chunked`.
 };
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
@@ -216,6 +228,8 @@ void copy_device(void* dst, const void* src, size_t bytes, Stream s = nullptr);
 // Number of batched cuBLAS calls GemmImpl::chunked has issued in this process (tests check that
 // the batched path ran rather than its `streams` fallback).
 int64_t chunked_batched_calls();
+// Number of grouped products GemmImpl::sm90 has run on its own kernel in this process.
+int64_t sm90_kernel_calls();
 // Median time in ms of fn() over reps runs on s (CUDA events around each run, after warmup runs).
 double median_ms(const std::function<void()>& fn, int warmup, int reps, Stream s = nullptr);
 

@@ -45,6 +45,7 @@
 
 #ifdef MOE_WITH_CUDA
 #include "gpu/grouped_gemm.cuh"
+#include "gpu/grouped_gemm_sm90.cuh"
 #include "gpu/swiglu_ffn.cuh"
 #endif
 
@@ -60,7 +61,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-const char* const kImpls[] = {"grouped", "loop", "streams", "chunked"};
+const char* const kImpls[] = {"grouped", "loop", "streams", "chunked", "sm90"};
 
 std::string failure(const Case& c, const Report& r) {
   return c.line() + "\n" + r.str() + "  replay: " + replay_line(c, "gpu");
@@ -395,6 +396,91 @@ TEST(ChunkedGemmGpu, LargeAndSmallGroupsTogetherMatchTheReference) {
   }
 }
 
+// GemmImpl::sm90 on shapes its kernel takes (16-bit operands, K and N multiples of 8): tiles of
+// 128 rows x 256 columns that start inside one group and end in the next one or past the last
+// row, partial column tiles (N not a multiple of 256 or of 64), contractions not a multiple of
+// the 64-deep k-block, empty groups, tail rows, fused biases, the FFN's fp32 accumulators and
+// its accumulated grad x. Checked to have run on the kernel (not the chunked fallback), against
+// the reference within the SPEC §12 bound (poisoned outputs, two runs bitwise equal) and exactly
+// with small-integer inputs.
+namespace {
+
+#define MOE_SKIP_WITHOUT_SM90()                                                                   \
+  do {                                                                                            \
+    MOE_SKIP_WITHOUT_GPU();                                                                       \
+    if (!gpu::sm90::available()) GTEST_SKIP() << "GemmImpl::sm90 needs an sm_90 GPU (H100/H200)"; \
+  } while (0)
+
+Case sm90_case(const std::string& op) {
+  Case c;
+  c.op = op;
+  c.dtype = *rc::gen::element(DType::bf16, DType::f16);
+  c.regime =
+      *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
+  c.seed = *rc::gen::arbitrary<uint32_t>();
+  const int64_t rows = *any_in(1, 700);
+  c.set("G", *any_in(1, 9)).set("M_total", rows).set("tail", *any_in(0, rows / 4 + 1));
+  c.set("impl", "sm90");
+  const int64_t k = 8 * *any_in(1, 40), n = 8 * *any_in(1, 70);
+  if (op == "grouped_gemm") {
+    c.set("K_d", k).set("N", n).set("bias", *rc::gen::arbitrary<bool>());
+  } else {
+    c.set("H", k).set("M", n).set("activation", *rc::gen::element<std::string>("silu", "linear"));
+    c.set("wi_0_bias", *rc::gen::arbitrary<bool>()).set("wi_1_bias", *rc::gen::arbitrary<bool>());
+    c.set("wo_bias", *rc::gen::arbitrary<bool>());
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST(Sm90GemmGpu, RandomShapesRunOnTheKernelAndMatchTheReference) {
+  MOE_SKIP_WITHOUT_SM90();
+  for (const char* name : {"grouped_gemm", "swiglu_expert_ffn"}) {
+    const OpInfo& o = *find_op(name);
+    const bool ok = rc::check(std::string(name) + " [sm90]", [&] {
+      const Case c = sm90_case(name);
+      RC_TAG(std::string(regime_name(c.regime)));
+      RC_CLASSIFY(c.i("tail") > 0, "tail rows");
+      const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+      const Report r = check_gpu(o, c);
+      if (!r.ok()) RC_FAIL(failure(c, r));
+      if (used_rows(o.make_inputs(c)) > 0)
+        RC_ASSERT(gpu::gemm_detail::sm90_kernel_calls() > before);
+      if (o.name == "grouped_gemm") {
+        Case ci = c;
+        ci.set("values", "small_int");
+        const TensorMap in = o.make_inputs(ci);
+        const Report e = exact_report(o.reference(ci, in, false), o.gpu(ci, in));
+        if (!e.ok()) RC_FAIL(failure(ci, e));
+      }
+    });
+    EXPECT_TRUE(ok);
+  }
+}
+
+TEST(Sm90GemmGpu, MultiTileShapesMatchTheReference) {
+  MOE_SKIP_WITHOUT_SM90();
+  // K 1000 and 136: the last k-block is partial (zero-filled); N 520 and 328: partial column
+  // tiles (328: a tile with 72 columns, its last 64-column box loaded, the rest not).
+  const std::vector<Case> cases = {
+      gemm_case("sm90_skewed", DType::bf16, Regime::skewed, 5, 1500, 1000, 520, 37, true),
+      gemm_case("sm90_zero", DType::f16, Regime::zero_tokens, 7, 900, 136, 328, 0, true),
+      gemm_case("sm90_uniform", DType::bf16, Regime::uniform, 3, 1024, 512, 256, 0, false),
+      ffn_case("sm90_skewed", DType::bf16, Regime::skewed, 4, 1200, 264, 328, 20, true),
+      ffn_case("sm90_zero", DType::f16, Regime::zero_tokens, 6, 700, 128, 200, 9, false)};
+  for (Case c : cases) {
+    c.set("impl", "sm90");
+    const OpInfo& o = *find_op(c.op);
+    const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+    const Report r = check_gpu(o, c);
+    EXPECT_TRUE(r.ok()) << failure(c, r);
+    EXPECT_GT(gpu::gemm_detail::sm90_kernel_calls(), before) << c.line();
+    const TensorMap in = o.make_inputs(c);
+    EXPECT_TRUE(zero_tail_and_empty_groups(in, o.gpu(c, in)).empty()) << c.line();
+  }
+}
+
 #endif  // MOE_WITH_CUDA
 
 // --- errors -------------------------------------------------------------------------------------
@@ -646,7 +732,7 @@ struct BenchImpl {
 
 std::vector<BenchImpl> bench_impls() {
   std::vector<BenchImpl> v;
-  for (const char* n : {"grouped", "loop", "streams", "chunked"}) {
+  for (const char* n : {"grouped", "loop", "streams", "chunked", "sm90"}) {
     gpu::GemmOptions o;
     o.impl = gpu::parse_gemm_impl(n);
     v.push_back({n, o});
@@ -663,6 +749,14 @@ std::vector<BenchImpl> bench_impls() {
   for (int64_t c : {128, 256}) {
     o.chunk_rows = c;
     v.push_back({"chunk" + std::to_string(c), o});
+  }
+  // MOE_GEMM_BENCH_IMPLS=a,b,...: only those (a shorter run on a shared device).
+  if (const char* only = std::getenv("MOE_GEMM_BENCH_IMPLS")) {
+    const std::string list = std::string(",") + only + ",";
+    std::vector<BenchImpl> kept;
+    for (BenchImpl& b : v)
+      if (list.find("," + b.name + ",") != std::string::npos) kept.push_back(std::move(b));
+    v = std::move(kept);
   }
   return v;
 }

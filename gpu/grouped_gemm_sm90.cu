@@ -1,0 +1,606 @@
+// Hopper grouped GEMM kernel (sm_90a: TMA, mbarrier, wgmma). Plan: gpu/grouped_gemm_sm90.cuh.
+// Compiled for sm_90a only (CMakeLists.txt: moe_gpu_sm90); elsewhere the kernel body is empty and
+// available() is false, so GemmImpl::sm90 falls back to cuBLAS.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "gpu/device_util.cuh"
+#include "gpu/grouped_gemm_sm90.cuh"
+
+namespace moe::gpu::sm90 {
+
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
+constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
+constexpr int kChunkBytes = 64 * kBK * 2;  // one 64-column box of an MN-major B stage
+constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
+constexpr int kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
+constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing one weight tile
+static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
+
+struct KParams {
+  const int64_t* offsets;
+  const int32_t* tile_start;
+  int groups, tiles, n_tiles, k_blocks;
+  int64_t rows;
+  int64_t nc;
+  void* c;
+  const void* bias;
+  int bias_type;  // 0 none, 1 f32, 2 bf16, 3 f16
+  bool accumulate;
+};
+
+struct Tile {
+  int g, n0;
+  int64_t row0, row_end;
+};
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Tile t of the table is a pair of row tiles (2 pm, 2 pm + 1) of one column tile; CTA `rank` of
+// the cluster takes row tile 2 pm + rank. A group with an odd number of row tiles gives the last
+// pair's second CTA a tile past the group's end: it runs (the weight tile is shared) and stores
+// nothing.
+__device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
+  int lo = 0, hi = p.groups;  // first j in [0, G] with tile_start[j] > t, minus one
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (__ldg(p.tile_start + mid) > t) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  Tile tl;
+  tl.g = lo - 1;
+  const int first = __ldg(p.tile_start + tl.g);
+  const int m_pairs = (__ldg(p.tile_start + tl.g + 1) - first) / p.n_tiles;
+  const int local = t - first;
+  // Row-tile pairs of one column tile are adjacent: neighbouring clusters share it in L2.
+  const int pm = local % m_pairs, nt = local / m_pairs;
+  tl.row0 = __ldg(p.offsets + tl.g) + static_cast<int64_t>(kCluster * pm + rank) * kBM;
+  tl.row_end = __ldg(p.offsets + tl.g + 1);
+  tl.n0 = nt * kBN;
+  return tl;
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MOE_SM90_KERNEL 1
+#endif
+
+#ifdef MOE_SM90_KERNEL
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(smem_u32(bar)), "r"(cta));
+  // Default (release, CTA scope) semantics: what is ordered is this warp's completed wgmma reads
+  // of the stage before the peer's next TMA write, as in a one-CTA pipeline; a cluster-scope
+  // release would add a fence per k-block.
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_u32(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// The box lands at the same offset in every CTA of the cluster (mask 0b11), and signals each
+// CTA's barrier at bar's offset.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1, int c2) {
+  const uint16_t mask = (1u << kCluster) - 1;
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      : "memory");
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "Matrix Descriptor Format"):
+// start address, leading and stride byte offsets, all in 16-byte units.
+//   K-major (rows of 64 k-values = 128 bytes): LBO unused (1), SBO = 8 rows = 1024 bytes.
+//   MN-major (rows of 64 n-values per k, boxes of 64 columns kBK rows deep): LBO = the stride
+//   between 64-column boxes, SBO = 8 k-rows = 1024 bytes.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+#define MOE_WGMMA_REGS                                                                           \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "             \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+
+#define MOE_WGMMA_OUTS                                                                            \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),  \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),  \
+      "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),  \
+      "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),  \
+      "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),  \
+      "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),  \
+      "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),          \
+      "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]),         \
+      "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),         \
+      "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),         \
+      "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+// d[64 x 256] += A[64 x 16] . B[16 x 256]; kTransB = 1 for an MN-major B.
+template <class T, int kTransB>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db);
+
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16, 0>(float (&d)[128], uint64_t da,
+                                                                   uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MOE_WGMMA_REGS
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : MOE_WGMMA_OUTS
+      : "l"(da), "l"(db), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16, 1>(float (&d)[128], uint64_t da,
+                                                                   uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MOE_WGMMA_REGS
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : MOE_WGMMA_OUTS
+      : "l"(da), "l"(db), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__half, 0>(float (&d)[128], uint64_t da,
+                                                            uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOE_WGMMA_REGS
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : MOE_WGMMA_OUTS
+      : "l"(da), "l"(db), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_m64n256k16<__half, 1>(float (&d)[128], uint64_t da,
+                                                            uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOE_WGMMA_REGS
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : MOE_WGMMA_OUTS
+      : "l"(da), "l"(db), "r"(1));
+}
+
+template <class TB>
+__device__ __forceinline__ float2 load2(const TB* p) {
+  if constexpr (std::is_same_v<TB, float>) {
+    return *reinterpret_cast<const float2*>(p);
+  } else if constexpr (std::is_same_v<TB, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(p));
+  }
+}
+
+template <class TC>
+__device__ __forceinline__ void store2(TC* p, float v0, float v1) {
+  if constexpr (std::is_same_v<TC, float>) {
+    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+  } else if constexpr (std::is_same_v<TC, __nv_bfloat16>) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(v0, v1);
+  } else {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(v0, v1);
+  }
+}
+
+struct NoBias {};
+
+// Stores one consumer warpgroup's 64 x 256 accumulator fragment: c = rnd(acc (+ bias) (+ c)),
+// one rounding of the fp32 sum, rows past the group's end and columns past Nc skipped. Fragment
+// layout of m64nNk16 (fp32): acc[4j + 2h + e] is row 16 warp + lane / 4 + 8 h, column
+// 8 j + 2 (lane % 4) + e. The bias type and accumulate are template parameters so the loop has
+// no branches but the bounds.
+template <class TC, class TB, bool kAccumulate>
+__device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
+                                               const float (&acc)[128]) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  const int64_t col0 = tl.n0 + 2 * (lane % 4);
+  const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = tl.row0 + cw * 64 + warp * 16 + lane / 4 + 8 * h;
+    if (r >= tl.row_end) continue;
+    TC* c = static_cast<TC*>(p.c) + r * p.nc + col0;
+    [[maybe_unused]] const TB* b = nullptr;
+    if constexpr (!std::is_same_v<TB, NoBias>)
+      b = static_cast<const TB*>(p.bias) + tl.g * p.nc + col0;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      if (j * 8 + 2 * (lane % 4) >= cols) break;
+      float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      if constexpr (!std::is_same_v<TB, NoBias>) {
+        const float2 bv = load2(b + j * 8);
+        v0 += bv.x;
+        v1 += bv.y;
+      }
+      if constexpr (kAccumulate) {
+        const float2 o = load2(c + j * 8);
+        v0 += o.x;
+        v1 += o.y;
+      }
+      store2(c + j * 8, v0, v1);
+    }
+  }
+}
+
+template <class TC, bool kAccumulate>
+__device__ __forceinline__ void store_fragment_bias(const KParams& p, const Tile& tl, int cw,
+                                                    const float (&acc)[128]) {
+  switch (p.bias_type) {
+    case 1:
+      return store_fragment<TC, float, kAccumulate>(p, tl, cw, acc);
+    case 2:
+      return store_fragment<TC, __nv_bfloat16, kAccumulate>(p, tl, cw, acc);
+    case 3:
+      return store_fragment<TC, __half, kAccumulate>(p, tl, cw, acc);
+    default:
+      return store_fragment<TC, NoBias, kAccumulate>(p, tl, cw, acc);
+  }
+}
+
+#endif  // MOE_SM90_KERNEL
+
+template <class T, bool kBKMajor, class TC>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+    grouped_rows_kernel(const __grid_constant__ CUtensorMap tm_a,
+                        const __grid_constant__ CUtensorMap tm_b, const KParams p) {
+#ifdef MOE_SM90_KERNEL
+  extern __shared__ uint8_t smem_raw[];
+  // 128-byte swizzled TMA boxes need 1024-byte aligned destinations. The offset is the same in
+  // both CTAs of the cluster (same kernel, same shared-memory layout), as multicast needs.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  const uint32_t rank = cluster_rank();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      // A stage is free once every consumer warp of BOTH CTAs has read it: the peer's multicast
+      // writes this CTA's copy of the weight tile.
+      mbar_init(&empty[s], kCluster * 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_sync();
+  const int wg = threadIdx.x / 128;
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x == 0) {
+      int it = 0;
+      for (int t = cluster_id; t < p.tiles; t += clusters) {
+        const Tile tl = decode(p, t, rank);
+        // A row tile past the last row (a pair's idle second tile) loads row 0 instead: the
+        // protocol stays the same and nothing of it is stored.
+        const int a_row = tl.row0 < p.rows ? static_cast<int>(tl.row0) : 0;
+        // Weight boxes past Nc are not loaded (only unstored columns would read them). fwd: four
+        // 64-column boxes, CTA r loads boxes 2r and 2r + 1; dgrad: two 128-row boxes, CTA r
+        // loads box r; each multicast to both CTAs.
+        const int64_t left = p.nc - tl.n0;
+        const int boxes = kBKMajor
+                              ? static_cast<int>(min(static_cast<int64_t>(2), (left + 127) / 128))
+                              : static_cast<int>(min(static_cast<int64_t>(4), (left + 63) / 64));
+        const uint32_t bytes = kABytes + boxes * (kBKMajor ? kBBytes / 2 : kChunkBytes);
+        for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+          const int s = it % kStages;
+          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+          uint8_t* sa = smem + s * kStageBytes;
+          uint8_t* sb = sa + kABytes;
+          mbar_expect_tx(&full[s], bytes);
+          tma_load_2d(sa, &tm_a, &full[s], kb * kBK, a_row);
+          if (kBKMajor) {
+            if (static_cast<int>(rank) < boxes)
+              tma_load_3d_multicast(sb + rank * (kBBytes / 2), &tm_b, &full[s], kb * kBK,
+                                    tl.n0 + 128 * rank, tl.g);
+          } else {
+            for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
+              tma_load_3d_multicast(sb + j * kChunkBytes, &tm_b, &full[s], tl.n0 + 64 * j, kb * kBK,
+                                    tl.g);
+          }
+        }
+      }
+    }
+    __syncwarp();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
+    const int lane = threadIdx.x % 32;
+    float acc[128];
+    int it = 0;
+    for (int t = cluster_id; t < p.tiles; t += clusters) {
+      const Tile tl = decode(p, t, rank);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+      int prev = -1;
+      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+        const int s = it % kStages;
+        mbar_wait(&full[s], (it / kStages) & 1);
+        const uint32_t sa = smem_u32(smem + s * kStageBytes) + cw * (64 * 128);
+        const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
+          const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
+                                       : make_desc(sb + kk * 2048, kChunkBytes, 1024);
+          wgmma_m64n256k16<T, kBKMajor ? 0 : 1>(acc, da, db);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous k-block's products are done: release its stage
+        if (prev >= 0 && lane == 0)
+          for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+        prev = s;
+      }
+      wgmma_wait<0>();
+      if (prev >= 0 && lane == 0)
+        for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+      if (p.accumulate) {
+        store_fragment_bias<TC, true>(p, tl, cw, acc);
+      } else {
+        store_fragment_bias<TC, false>(p, tl, cw, acc);
+      }
+    }
+  }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  cluster_sync();
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                    cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !f)
+      throw std::runtime_error("sm90 grouped GEMM: cuTensorMapEncodeTiled is not available");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+CUtensorMap make_map(DType d, const void* ptr, int rank, const cuuint64_t* dims,
+                     const cuuint64_t* strides, const cuuint32_t* box) {
+  CUtensorMap m{};
+  const cuuint32_t estrides[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(
+      &m, d == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      rank, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("sm90 grouped GEMM: cuTensorMapEncodeTiled failed (" +
+                             std::to_string(static_cast<int>(r)) + ")");
+  return m;
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+template <class T, bool kBKMajor, class TC>
+void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
+  auto kernel = grouped_rows_kernel<T, kBKMajor, TC>;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    MOE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  });
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.rows)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p.kc) * 2};
+  const cuuint32_t a_box[2] = {kBK, kBM};
+  const CUtensorMap tm_a = make_map(p.ab, p.a, 2, a_dims, a_strides, a_box);
+  CUtensorMap tm_b;
+  if (kBKMajor) {  // b[g][n][k]
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.nc),
+                                static_cast<cuuint64_t>(p.groups)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kc) * 2,
+                                   static_cast<cuuint64_t>(p.kc * p.nc) * 2};
+    const cuuint32_t box[3] = {kBK, kBN / kCluster, 1};
+    tm_b = make_map(p.ab, p.b, 3, dims, strides, box);
+  } else {  // b[g][k][n]
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.kc),
+                                static_cast<cuuint64_t>(p.groups)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
+                                   static_cast<cuuint64_t>(p.kc * p.nc) * 2};
+    const cuuint32_t box[3] = {64, kBK, 1};
+    tm_b = make_map(p.ab, p.b, 3, dims, strides, box);
+  }
+  // As many clusters as fit on the device at once (the GPCs' SM counts decide), at most one per
+  // tile pair.
+  static int max_clusters = 0;
+  if (max_clusters == 0) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(kCluster * 1024);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg));
+    if (max_clusters < 1) throw std::runtime_error("sm90 grouped GEMM: no cluster fits the device");
+    if (const char* e = std::getenv("MOE_SM90_CLUSTERS"); e && *e)
+      max_clusters = std::max(1, std::atoi(e));
+    if (std::getenv("MOE_SM90_VERBOSE")) std::fprintf(stderr, "sm90: %d clusters\n", max_clusters);
+  }
+  const int grid = kCluster * std::min(p.tiles, max_clusters);
+  kernel<<<grid, kThreads, kSmemBytes, s>>>(tm_a, tm_b, kp);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+int bias_code(const RowGroupedProduct& p) {
+  if (!p.bias) return 0;
+  switch (p.bias_type) {
+    case DType::f32:
+      return 1;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 3;
+    default:
+      throw std::invalid_argument("bias: unsupported dtype " +
+                                  std::string(dtype_name(p.bias_type)));
+  }
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return false;
+    if (major != 9 || minor != 0) return false;
+    // The sm_90a image must be in this build (it is not when gpu/ was built for another arch).
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, grouped_rows_kernel<__nv_bfloat16, false, float>) ==
+               cudaSuccess &&
+           attr.binaryVersion == 90;
+  }();
+  return ok;
+}
+
+int64_t tiles_of_group(int64_t n_g, int64_t nc) {
+  const int64_t m_tiles = (n_g + kBM - 1) / kBM;
+  return (m_tiles + kCluster - 1) / kCluster * ((nc + kBN - 1) / kBN);
+}
+
+bool supported(const RowGroupedProduct& p) {
+  if (p.ab != DType::bf16 && p.ab != DType::f16) return false;
+  if (p.c_type != p.ab && p.c_type != DType::f32) return false;
+  if (p.kc <= 0 || p.nc <= 0 || p.kc % 8 != 0 || p.nc % 8 != 0) return false;
+  if (p.rows <= 0 || p.rows > INT_MAX || p.kc > INT_MAX || p.nc > INT_MAX || p.groups > INT_MAX)
+    return false;
+  if (p.bias && p.bias_type != DType::f32 && p.bias_type != DType::bf16 &&
+      p.bias_type != DType::f16)
+    return false;
+  if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.c) || (p.bias && !aligned16(p.bias)))
+    return false;
+  return available();
+}
+
+void launch(const RowGroupedProduct& p, Stream s) {
+  if (p.tiles <= 0) return;
+  if (!supported(p)) throw std::invalid_argument("sm90 grouped GEMM: unsupported product");
+  KParams kp{};
+  kp.offsets = p.offsets;
+  kp.tile_start = p.tile_start;
+  kp.groups = static_cast<int>(p.groups);
+  kp.tiles = p.tiles;
+  kp.rows = p.rows;
+  kp.n_tiles = static_cast<int>((p.nc + kBN - 1) / kBN);
+  kp.k_blocks = static_cast<int>((p.kc + kBK - 1) / kBK);
+  kp.nc = p.nc;
+  kp.c = p.c;
+  kp.bias = p.bias;
+  kp.bias_type = bias_code(p);
+  kp.accumulate = p.accumulate;
+  const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
+  if (p.b_k_major) {
+    if (f16) {
+      c32 ? launch_typed<__half, true, float>(p, kp, s)
+          : launch_typed<__half, true, __half>(p, kp, s);
+    } else {
+      c32 ? launch_typed<__nv_bfloat16, true, float>(p, kp, s)
+          : launch_typed<__nv_bfloat16, true, __nv_bfloat16>(p, kp, s);
+    }
+  } else {
+    if (f16) {
+      c32 ? launch_typed<__half, false, float>(p, kp, s)
+          : launch_typed<__half, false, __half>(p, kp, s);
+    } else {
+      c32 ? launch_typed<__nv_bfloat16, false, float>(p, kp, s)
+          : launch_typed<__nv_bfloat16, false, __nv_bfloat16>(p, kp, s);
+    }
+  }
+}
+
+}  // namespace moe::gpu::sm90

@@ -1,0 +1,68 @@
+// Our own Hopper (sm_90a) grouped GEMM for the row-grouped products of grouped_gemm (SPEC §10.1):
+// forward c[o_g + i, :] = a[o_g + i, :] . w_g and dgrad c[o_g + i, :] = a[o_g + i, :] . w_g^T.
+// GemmImpl::sm90 issues them here; products it cannot take (see supported()) go to
+// GemmImpl::chunked. Host header: no CUDA types.
+//
+// Why our own kernel: on the DeepSeek-like shape (256 experts of ~256 rows, K = 7168, N = 2048)
+// every expert's weight is read once for few rows, so the product is near the H100's
+// compute/bandwidth ridge; cuBLAS's pointer-array batching reached ~60% of a dense GEMM there.
+// This kernel is persistent (one CTA per SM walks a tile list) and keeps the tensor cores fed:
+//   - tiles of 128 rows x 256 columns; a tile starts at its group's row offset and may read
+//     past the group's end (those rows are computed and not stored), so the row operand needs no
+//     per-group copy or descriptor; rows past M_total are zero-filled by TMA;
+//   - one producer warp issues TMA loads (128-byte swizzle) into a 4-stage ring of 48 KiB
+//     stages guarded by mbarriers; two consumer warpgroups each run wgmma m64n256k16 with fp32
+//     accumulators on one half of the tile's rows;
+//   - CTAs run in clusters of two on adjacent row tiles of one column tile: each loads half of
+//     the weight tile and multicasts it to both, so the weight is read from L2 once per pair
+//     (L2 bandwidth, not the tensor cores, bounded the one-CTA version: 70% of dense on the
+//     Mixtral-like shape at 6.3 TB/s of L2 reads);
+//   - tiles are ordered group by group, the row-tile pairs of one column tile next to each other,
+//     so clusters running side by side share the expert's weight tile in L2;
+//   - the epilogue adds the bias (or the current c, when accumulating) in fp32 and rounds once.
+// Each output element is one CTA's fixed-order fp32 sum: the result depends only on the
+// problem, not on scheduling (bitwise deterministic).
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/runtime.cuh"
+#include "harness/core/dtype.h"
+
+namespace moe::gpu::sm90 {
+
+constexpr int64_t kTileRows = 128, kTileCols = 256;
+
+// True when the current device is an sm_90 GPU (H100/H200) and this build carries the sm_90a
+// kernel.
+bool available();
+
+// One row-grouped product over a plan, all pointers on the device.
+//   b_k_major = false (fwd):  B_g[k][n] = b[g][k][n]  (b is [G, Kc, Nc])
+//   b_k_major = true (dgrad): B_g[k][n] = b[g][n][k]  (b is [G, Nc, Kc])
+// c[r, :] (=|+=) a[r, :] . B_g (+ bias[g, :]) for the rows r of group g; other rows untouched.
+struct RowGroupedProduct {
+  bool b_k_major = false;
+  DType ab = DType::bf16;   // bf16 or f16
+  const void* a = nullptr;  // [rows, Kc]
+  const void* b = nullptr;
+  int64_t rows = 0, kc = 0, nc = 0, groups = 0;
+  DType c_type = DType::bf16;  // ab or f32
+  void* c = nullptr;           // [rows, Nc]
+  bool accumulate = false;
+  const void* bias = nullptr;  // [G, Nc] or null
+  DType bias_type = DType::f32;
+  const int64_t* offsets = nullptr;     // [G + 1] group row offsets (device)
+  const int32_t* tile_start = nullptr;  // [G + 1] first table entry of each group (device)
+  int32_t tiles = 0;                    // tile_start[G] (see tiles_of_group)
+};
+
+// Whether launch() takes the product: available(), 16-bit operands, Kc and Nc multiples of 8
+// (TMA strides are multiples of 16 bytes), 16-byte aligned a, b and c, rows and tiles in range.
+bool supported(const RowGroupedProduct& p);
+// Entries of the tile table for group g: pairs of row tiles times column tiles,
+// ceil(ceil(n_g / kTileRows) / 2) * ceil(Nc / kTileCols).
+int64_t tiles_of_group(int64_t n_g, int64_t nc);
+void launch(const RowGroupedProduct& p, Stream s);
+
+}  // namespace moe::gpu::sm90
