@@ -41,11 +41,11 @@
 //     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
 //     copy speed).
 //   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked),
-//     GemmBench on an H100, bf16, the same dense baselines measured in the same run:
-//       Mixtral-like uniform / skewed   fwd 647 (81%) / 580 (80%)   f+b 639 (86%) / 637 (86%)
-//       DeepSeek-like uniform / skewed  fwd 360 (45%) / 388 (49%)   f+b 362 (54%) / 344 (55%)
-//     chunked stays the default: its forward measured 97-108% (Mixtral) and 54-61% (DeepSeek)
-//     of dense in the runs of the same session. A first one-CTA version of the kernel measured
+//     GemmBench on an H100, bf16, TFLOP/s (% of the dense GEMM timed in the same run), two runs:
+//       Mixtral-like uniform / skewed   fwd 647 (81%), 641 (82%) / 580 (80%), 612 (83%)
+//       DeepSeek-like uniform / skewed  fwd 360 (45%), 375 (47%) / 388 (49%), 394 (50%)
+//     In the second run chunked, beside it, measured 90% / 97% and 61% / 54%: chunked stays the
+//     default. A first one-CTA version of the kernel measured
 //     70% / 41%; 2-CTA clusters multicasting the weight tile and a branch-free epilogue brought
 //     it to the figures above. What holds the DeepSeek-like shape at ~1.6 TB/s of DRAM traffic
 //     (half the copy bandwidth, with no operand read twice from DRAM) is not yet known.
