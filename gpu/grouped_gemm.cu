@@ -626,8 +626,6 @@ bool chunked_aligned(size_t es_ab, const void* a,
 // call of the smaller groups.
 constexpr int64_t kLargeRows = 1024;
 
-// The plan with only its large (above kLargeRows) or only its small groups; the others emptied,
-// offsets unchanged.
 // GemmImpl::sm90: the fwd / dgrad products of every (b, c) pair on our Hopper kernel
 // (gpu/grouped_gemm_sm90.cuh), the bias (fwd only) added in its epilogue. The group offsets and
 // the tile table go up through an upload slot. Returns false, having issued nothing, when the
@@ -651,8 +649,10 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   p.accumulate = accumulate;
   p.bias = bias;
   p.bias_type = bias_type;
-  int64_t tiles = 0;
-  for (int64_t g = 0; g < G; ++g) tiles += sm90::tiles_of_group(plan.sizes[g], p.nc);
+  std::vector<int64_t> tile_start(G + 1, 0);  // the kernel's tile table, G + 1 prefix sums
+  for (int64_t g = 0; g < G; ++g)
+    tile_start[g + 1] = tile_start[g] + sm90::tiles_of_group(plan.sizes[g], p.nc);
+  const int64_t tiles = tile_start[G];
   if (tiles > INT_MAX) return false;
   for (const auto& [b, c] : bc) {
     p.b = b;
@@ -664,11 +664,9 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   UploadSlot& slot = acquire_upload(off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t));
   auto* h_off = reinterpret_cast<int64_t*>(slot.host);
   auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
-  int64_t t = 0;
   for (int64_t g = 0; g <= G; ++g) {
     h_off[g] = plan.offsets[g];
-    h_tiles[g] = static_cast<int32_t>(t);
-    if (g < G) t += sm90::tiles_of_group(plan.sizes[g], p.nc);
+    h_tiles[g] = static_cast<int32_t>(tile_start[g]);
   }
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host,
                                  off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t),
@@ -686,6 +684,8 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   return true;
 }
 
+// The plan with only its large (above kLargeRows) or only its small groups; the others emptied,
+// offsets unchanged.
 GroupPlan masked(const GroupPlan& plan, bool large) {
   GroupPlan m = plan;
   m.used = 0;
