@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -914,8 +915,20 @@ GemmImpl parse_gemm_impl(std::string_view s) {
 // chunked: 38% faster than streams on the DeepSeek-like uniform forward, within the run-to-run
 // spread (about 10%) of the fastest elsewhere in GemmBench on an H100 (see gpu/grouped_gemm.cuh);
 // cublasGemmGroupedBatchedEx ran at 31-38% of dense cuBLAS.
+GemmImpl gemm_impl_from_env(const char* value) {
+  if (!value || !*value) return GemmImpl::chunked;
+  try {
+    return parse_gemm_impl(value);
+  } catch (const std::invalid_argument& err) {
+    throw std::invalid_argument(std::string("MOE_GEMM_IMPL: ") + err.what());
+  }
+}
+
 GemmImpl default_gemm_impl() {
-  return GemmImpl::chunked;
+  // Read once: MOE_GEMM_IMPL runs the FFN or the block, whose callers take the default, on
+  // another impl.
+  static const GemmImpl d = gemm_impl_from_env(std::getenv("MOE_GEMM_IMPL"));
+  return d;
 }
 
 GroupPlan make_group_plan(const std::vector<int64_t>& sizes, int64_t rows) {

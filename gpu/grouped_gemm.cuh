@@ -91,8 +91,12 @@ enum class GemmImpl : uint8_t {
 };
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
-// The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench).
+// The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): chunked, or the
+// impl named by the environment variable MOE_GEMM_IMPL.
 GemmImpl default_gemm_impl();
+// The default for a value of MOE_GEMM_IMPL: null or empty gives chunked; a bad name throws
+// std::invalid_argument naming MOE_GEMM_IMPL.
+GemmImpl gemm_impl_from_env(const char* value);
 
 struct GemmOptions {
   GemmImpl impl = default_gemm_impl();
