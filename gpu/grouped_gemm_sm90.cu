@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -39,11 +40,7 @@ struct KParams {
   const void* bias;
   int bias_type;  // 0 none, 1 f32, 2 bf16, 3 f16
   bool accumulate;
-};
-
-struct Tile {
-  int g, n0;
-  int64_t row0, row_end;
+  int hint_a, hint_b;  // l2_policy() of the row operand's and the weight's loads
 };
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -52,10 +49,22 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   return r;
 }
 
-// Tile t of the table is a pair of row tiles (2 pm, 2 pm + 1) of one column tile; CTA `rank` of
-// the cluster takes row tile 2 pm + rank. A group with an odd number of row tiles gives the last
-// pair's second CTA a tile past the group's end: it runs (the weight tile is shared) and stores
-// nothing.
+// One CTA's share of a table entry. The two CTAs of a cluster share one operand tile, each
+// loading half of it and multicasting it to both:
+//   M-pair: two row tiles of one column tile share the weight tile;
+//   N-pair: one row tile of two column tiles shares the row tile. Only a group's last row tile,
+//           when its row-tile count is odd, runs as N-pairs (as an M-pair its partner would
+//           compute rows past the group and B would be read twice).
+struct Tile {
+  int g, n0;
+  bool npair;
+  int64_t row0, row_end;
+};
+
+// Entries of group g, per column pair q (columns 2q, 2q + 1): the M-pairs of column 2q, those of
+// column 2q + 1, then (odd row-tile count) the N-pair of the last row tile. So every reader of a
+// weight tile is adjacent in the table and runs at about the same time (the weight is read from
+// DRAM once). Must match tiles_of_group().
 __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   int lo = 0, hi = p.groups;  // first j in [0, G] with tile_start[j] > t, minus one
   while (lo < hi) {
@@ -68,14 +77,25 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   }
   Tile tl;
   tl.g = lo - 1;
-  const int first = __ldg(p.tile_start + tl.g);
-  const int m_pairs = (__ldg(p.tile_start + tl.g + 1) - first) / p.n_tiles;
-  const int local = t - first;
-  // Row-tile pairs of one column tile are adjacent: neighbouring clusters share it in L2.
-  const int pm = local % m_pairs, nt = local / m_pairs;
-  tl.row0 = __ldg(p.offsets + tl.g) + static_cast<int64_t>(kCluster * pm + rank) * kBM;
+  const int64_t off = __ldg(p.offsets + tl.g);
   tl.row_end = __ldg(p.offsets + tl.g + 1);
-  tl.n0 = nt * kBN;
+  const int m_tiles = static_cast<int>((tl.row_end - off + kBM - 1) / kBM);
+  const int m_pairs = m_tiles / 2, odd = m_tiles & 1;
+  const int local = t - __ldg(p.tile_start + tl.g);
+  const int per_q = 2 * m_pairs + odd;
+  const int q = local / per_q, r = local % per_q;
+  // The last column pair of an odd column-tile count has one column: r < m_pairs or the N-pair.
+  const int cols_q = min(2, p.n_tiles - 2 * q);
+  if (r < cols_q * m_pairs) {
+    tl.npair = false;
+    const int pm = r % m_pairs;
+    tl.row0 = off + static_cast<int64_t>(kCluster * pm + rank) * kBM;
+    tl.n0 = (2 * q + r / m_pairs) * kBN;
+  } else {
+    tl.npair = true;
+    tl.row0 = off + static_cast<int64_t>(m_tiles - 1) * kBM;
+    tl.n0 = (2 * q + static_cast<int>(rank)) * kBN;  // may be >= Nc: then it stores nothing
+  }
   return tl;
 }
 
@@ -130,24 +150,59 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// L2 eviction priorities of the two operands' loads (createpolicy; PTX ISA "Cache Eviction
+// Priority Hints"). Cache hint 0: evict_normal, 1: evict_first, 2: evict_last.
+__device__ __forceinline__ uint64_t l2_policy(int hint) {
+  uint64_t pol;
+  if (hint == 1) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  } else if (hint == 2) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  }
+  return pol;
+}
+
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                            int c0, int c1) {
+                                            int c0, int c1, uint64_t pol) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(pol)
       : "memory");
 }
 
-// The box lands at the same offset in every CTA of the cluster (mask 0b11), and signals each
-// CTA's barrier at bar's offset.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
+      : "memory");
+}
+
+// Multicast loads: the box lands at the same offset in every CTA of the cluster (mask 0b11), and
+// signals each CTA's barrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1, uint64_t pol) {
+  const uint16_t mask = (1u << kCluster) - 1;
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask), "l"(pol)
+      : "memory");
+}
+
 __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map,
-                                                      uint64_t* bar, int c0, int c1, int c2) {
+                                                      uint64_t* bar, int c0, int c1, int c2,
+                                                      uint64_t pol) {
   const uint16_t mask = (1u << kCluster) - 1;
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask), "l"(pol)
       : "memory");
 }
 
@@ -326,11 +381,45 @@ __device__ __forceinline__ void store_fragment_bias(const KParams& p, const Tile
   }
 }
 
+// One tile's main loop for one consumer warpgroup: wait for each stage, multiply it into acc
+// (kActive), release it to the producers of both CTAs. `it` counts stages across tiles.
+template <class T, bool kBKMajor, bool kActive>
+__device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
+                                             uint64_t* empty, int cw, int& it, float (&acc)[128]) {
+  const int lane = threadIdx.x % 32;
+  int prev = -1;
+  for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+    const int s = it % kStages;
+    mbar_wait(&full[s], (it / kStages) & 1);
+    if constexpr (kActive) {
+      const uint32_t sa = smem_u32(smem + s * kStageBytes) + cw * (64 * 128);
+      const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
+        const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
+                                     : make_desc(sb + kk * 2048, kChunkBytes, 1024);
+        wgmma_m64n256k16<T, kBKMajor ? 0 : 1>(acc, da, db);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous k-block's products are done: release its stage
+    }
+    if (prev >= 0 && lane == 0)
+      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+    prev = s;
+  }
+  if constexpr (kActive) wgmma_wait<0>();
+  if (prev >= 0 && lane == 0)
+    for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+}
+
 #endif  // MOE_SM90_KERNEL
 
 template <class T, bool kBKMajor, class TC>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     grouped_rows_kernel(const __grid_constant__ CUtensorMap tm_a,
+                        const __grid_constant__ CUtensorMap tm_a64,
                         const __grid_constant__ CUtensorMap tm_b, const KParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
@@ -359,32 +448,67 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       int it = 0;
       for (int t = cluster_id; t < p.tiles; t += clusters) {
         const Tile tl = decode(p, t, rank);
-        // A row tile past the last row (a pair's idle second tile) loads row 0 instead: the
-        // protocol stays the same and nothing of it is stored.
-        const int a_row = tl.row0 < p.rows ? static_cast<int>(tl.row0) : 0;
-        // Weight boxes past Nc are not loaded (only unstored columns would read them). fwd: four
-        // 64-column boxes, CTA r loads boxes 2r and 2r + 1; dgrad: two 128-row boxes, CTA r
-        // loads box r; each multicast to both CTAs.
+        // Row halves (64 rows) past the group's end are not loaded (their products are skipped
+        // and nothing of them is stored); nor are weight boxes past Nc.
+        const bool half1 = tl.row0 + 64 < tl.row_end;
         const int64_t left = p.nc - tl.n0;
-        const int boxes = kBKMajor
+        const int boxes = left <= 0 ? 0
+                          : kBKMajor
                               ? static_cast<int>(min(static_cast<int64_t>(2), (left + 127) / 128))
                               : static_cast<int>(min(static_cast<int64_t>(4), (left + 63) / 64));
-        const uint32_t bytes = kABytes + boxes * (kBKMajor ? kBBytes / 2 : kChunkBytes);
+        constexpr uint32_t kBoxBytes = kBKMajor ? kBBytes / 2 : kChunkBytes;
+        uint32_t bytes;
+        int a_row = 0, a_halves = 0;
+        if (!tl.npair) {
+          // M-pair: own row tile (one 128-row box, or 64 rows), half of the shared weight tile.
+          bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes;
+          a_row = static_cast<int>(tl.row0);
+        } else {
+          // N-pair: rank r loads row half r (if needed) for both CTAs, and its own weight tile.
+          const bool mine = rank == 0 || half1;
+          bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes;
+          a_row = static_cast<int>(tl.row0) + 64 * static_cast<int>(rank);
+          a_halves = mine ? 1 : 0;
+        }
+        // Rows past M_total (a tile's tail) are zero-filled by TMA; a box starting past it loads
+        // row 0 instead (it is never stored).
+        if (a_row >= p.rows) a_row = 0;
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % kStages;
           mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
           uint8_t* sa = smem + s * kStageBytes;
           uint8_t* sb = sa + kABytes;
           mbar_expect_tx(&full[s], bytes);
-          tma_load_2d(sa, &tm_a, &full[s], kb * kBK, a_row);
-          if (kBKMajor) {
-            if (static_cast<int>(rank) < boxes)
-              tma_load_3d_multicast(sb + rank * (kBBytes / 2), &tm_b, &full[s], kb * kBK,
-                                    tl.n0 + 128 * rank, tl.g);
+          // Made here, not kept live: the producer has 40 registers (setmaxnreg).
+          const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(p.hint_b);
+          if (!tl.npair) {
+            if (half1) {
+              tma_load_2d(sa, &tm_a, &full[s], kb * kBK, a_row, pol_a);
+            } else {
+              tma_load_2d(sa, &tm_a64, &full[s], kb * kBK, a_row, pol_a);
+            }
+            if (kBKMajor) {
+              if (static_cast<int>(rank) < boxes)
+                tma_load_3d_multicast(sb + rank * (kBBytes / 2), &tm_b, &full[s], kb * kBK,
+                                      tl.n0 + 128 * rank, tl.g, pol_b);
+            } else {
+              for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
+                tma_load_3d_multicast(sb + j * kChunkBytes, &tm_b, &full[s], tl.n0 + 64 * j,
+                                      kb * kBK, tl.g, pol_b);
+            }
           } else {
-            for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
-              tma_load_3d_multicast(sb + j * kChunkBytes, &tm_b, &full[s], tl.n0 + 64 * j, kb * kBK,
-                                    tl.g);
+            if (a_halves)
+              tma_load_2d_multicast(sa + rank * (kABytes / 2), &tm_a64, &full[s], kb * kBK, a_row,
+                                    pol_a);
+            for (int j = 0; j < boxes; ++j) {
+              if (kBKMajor) {
+                tma_load_3d(sb + j * (kBBytes / 2), &tm_b, &full[s], kb * kBK, tl.n0 + 128 * j,
+                            tl.g, pol_b);
+              } else {
+                tma_load_3d(sb + j * kChunkBytes, &tm_b, &full[s], tl.n0 + 64 * j, kb * kBK, tl.g,
+                            pol_b);
+              }
+            }
           }
         }
       }
@@ -393,36 +517,22 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
-    const int lane = threadIdx.x % 32;
     float acc[128];
     int it = 0;
     for (int t = cluster_id; t < p.tiles; t += clusters) {
       const Tile tl = decode(p, t, rank);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-      int prev = -1;
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-        const int s = it % kStages;
-        mbar_wait(&full[s], (it / kStages) & 1);
-        const uint32_t sa = smem_u32(smem + s * kStageBytes) + cw * (64 * 128);
-        const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
-          const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
-                                       : make_desc(sb + kk * 2048, kChunkBytes, 1024);
-          wgmma_m64n256k16<T, kBKMajor ? 0 : 1>(acc, da, db);
-        }
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous k-block's products are done: release its stage
-        if (prev >= 0 && lane == 0)
-          for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
-        prev = s;
+      // A half past the group's end (its last row tile), or an N-pair partner past Nc, has no
+      // products to compute.
+      const bool active = tl.row0 + 64 * cw < tl.row_end && tl.n0 < p.nc;
+      // Two loops, not a branch per k-block: a branch around the wgmma makes ptxas fence the
+      // accumulators every k-block.
+      if (active) {
+        consume_tile<T, kBKMajor, true>(p, smem, full, empty, cw, it, acc);
+      } else {
+        consume_tile<T, kBKMajor, false>(p, smem, full, empty, cw, it, acc);
       }
-      wgmma_wait<0>();
-      if (prev >= 0 && lane == 0)
-        for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
       if (p.accumulate) {
         store_fragment_bias<TC, true>(p, tl, cw, acc);
       } else {
@@ -448,6 +558,19 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
+// Benchmark knob MOE_SM90_L2PROMO=0|64|128|256 (default 256).
+CUtensorMapL2promotion l2_promotion() {
+  static const CUtensorMapL2promotion v = [] {
+    const char* e = std::getenv("MOE_SM90_L2PROMO");
+    const int b = e && *e ? std::atoi(e) : 256;
+    return b == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+           : b == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+           : b == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                      : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  }();
+  return v;
+}
+
 CUtensorMap make_map(DType d, const void* ptr, int rank, const cuuint64_t* dims,
                      const cuuint64_t* strides, const cuuint32_t* box) {
   CUtensorMap m{};
@@ -455,8 +578,7 @@ CUtensorMap make_map(DType d, const void* ptr, int rank, const cuuint64_t* dims,
   const CUresult r = encode_fn()(
       &m, d == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       rank, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_SWIZZLE_128B, l2_promotion(), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("sm90 grouped GEMM: cuTensorMapEncodeTiled failed (" +
                              std::to_string(static_cast<int>(r)) + ")");
@@ -477,8 +599,9 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
   });
   const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.rows)};
   const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p.kc) * 2};
-  const cuuint32_t a_box[2] = {kBK, kBM};
+  const cuuint32_t a_box[2] = {kBK, kBM}, a64_box[2] = {kBK, kBM / 2};
   const CUtensorMap tm_a = make_map(p.ab, p.a, 2, a_dims, a_strides, a_box);
+  const CUtensorMap tm_a64 = make_map(p.ab, p.a, 2, a_dims, a_strides, a64_box);
   CUtensorMap tm_b;
   if (kBKMajor) {  // b[g][n][k]
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.nc),
@@ -512,7 +635,7 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
     if (std::getenv("MOE_SM90_VERBOSE")) std::fprintf(stderr, "sm90: %d clusters\n", max_clusters);
   }
   const int grid = kCluster * std::min(p.tiles, max_clusters);
-  kernel<<<grid, kThreads, kSmemBytes, s>>>(tm_a, tm_b, kp);
+  kernel<<<grid, kThreads, kSmemBytes, s>>>(tm_a, tm_a64, tm_b, kp);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -529,6 +652,22 @@ int bias_code(const RowGroupedProduct& p) {
       throw std::invalid_argument("bias: unsupported dtype " +
                                   std::string(dtype_name(p.bias_type)));
   }
+}
+
+// When the weight is streamed (on average at most kStreamRows rows per group, so a weight tile
+// serves one cluster), its loads are marked evict_first: the row tile, which the group's other
+// column tiles read, then stays in L2 instead of being re-read from DRAM. Benchmark knob
+// MOE_SM90_HINTS=ab (two digits of l2_policy codes, e.g. 01, 21, 00) forces both.
+void l2_hints(const RowGroupedProduct& p, KParams& kp) {
+  static const char* forced = std::getenv("MOE_SM90_HINTS");
+  if (forced && std::strlen(forced) == 2) {
+    kp.hint_a = std::clamp(forced[0] - '0', 0, 2);
+    kp.hint_b = std::clamp(forced[1] - '0', 0, 2);
+    return;
+  }
+  constexpr int64_t kStreamRows = 2 * kBM * kCluster;
+  kp.hint_a = 0;
+  kp.hint_b = p.rows <= kStreamRows * p.groups ? 1 : 0;
 }
 
 }  // namespace
@@ -551,8 +690,8 @@ bool available() {
 }
 
 int64_t tiles_of_group(int64_t n_g, int64_t nc) {
-  const int64_t m_tiles = (n_g + kBM - 1) / kBM;
-  return (m_tiles + kCluster - 1) / kCluster * ((nc + kBN - 1) / kBN);
+  const int64_t m_tiles = (n_g + kBM - 1) / kBM, n_tiles = (nc + kBN - 1) / kBN;
+  return m_tiles / 2 * n_tiles + m_tiles % 2 * ((n_tiles + 1) / 2);
 }
 
 bool supported(const RowGroupedProduct& p) {
@@ -585,6 +724,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
   kp.bias = p.bias;
   kp.bias_type = bias_code(p);
   kp.accumulate = p.accumulate;
+  l2_hints(p, kp);
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {

@@ -13,12 +13,20 @@
 //   - one producer warp issues TMA loads (128-byte swizzle) into a 4-stage ring of 48 KiB
 //     stages guarded by mbarriers; two consumer warpgroups each run wgmma m64n256k16 with fp32
 //     accumulators on one half of the tile's rows;
-//   - CTAs run in clusters of two on adjacent row tiles of one column tile: each loads half of
-//     the weight tile and multicasts it to both, so the weight is read from L2 once per pair
+//   - CTAs run in clusters of two that share one operand tile: each loads half of it and
+//     multicasts it to both. M-pairs (two row tiles of one column tile) share the weight tile
 //     (L2 bandwidth, not the tensor cores, bounded the one-CTA version: 70% of dense on the
-//     Mixtral-like shape at 6.3 TB/s of L2 reads);
-//   - tiles are ordered group by group, the row-tile pairs of one column tile next to each other,
-//     so clusters running side by side share the expert's weight tile in L2;
+//     Mixtral-like shape at 6.3 TB/s of L2 reads). A group's last row tile, when its row-tile
+//     count is odd, runs as N-pairs (one row tile, two column tiles sharing the row tile): as an
+//     M-pair its partner would compute rows of nothing and the weight would be read twice; and a
+//     64-row half past the group's end is neither loaded nor multiplied. On the DeepSeek-like
+//     shape (groups of ~256 +- 16 rows) the M-pair-only version read 15.3 GB from DRAM for an
+//     8.7 GB minimum and ran at 42% of dense;
+//   - the table lists every reader of one weight tile next to each other, groups in order, so
+//     they run at about the same time and the weight is read from DRAM once;
+//   - where the weight is streamed (few rows per group) its loads are marked L2 evict_first, so
+//     the row tile, which the group's other column tiles read, stays in L2 (12.7 GB of DRAM reads
+//     instead of 15.3 GB on the M-pair-only version);
 //   - the epilogue adds the bias (or the current c, when accumulating) in fp32 and rounds once.
 // Each output element is one CTA's fixed-order fp32 sum: the result depends only on the
 // problem, not on scheduling (bitwise deterministic).
@@ -60,8 +68,9 @@ struct RowGroupedProduct {
 // Whether launch() takes the product: available(), 16-bit operands, Kc and Nc multiples of 8
 // (TMA strides are multiples of 16 bytes), 16-byte aligned a, b and c, rows and tiles in range.
 bool supported(const RowGroupedProduct& p);
-// Entries of the tile table for group g: pairs of row tiles times column tiles,
-// ceil(ceil(n_g / kTileRows) / 2) * ceil(Nc / kTileCols).
+// Entries of the tile table for group g (one per cluster): with m = ceil(n_g / kTileRows) row
+// tiles and n = ceil(Nc / kTileCols) column tiles, floor(m / 2) * n M-pairs plus, for odd m,
+// ceil(n / 2) N-pairs.
 int64_t tiles_of_group(int64_t n_g, int64_t nc);
 void launch(const RowGroupedProduct& p, Stream s);
 

@@ -514,6 +514,16 @@ gpu::DeviceTensor dev_sizes(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
+  EXPECT_EQ(gpu::gemm_impl_from_env(nullptr), gpu::GemmImpl::chunked);
+  EXPECT_EQ(gpu::gemm_impl_from_env(""), gpu::GemmImpl::chunked);
+  EXPECT_EQ(gpu::gemm_impl_from_env("sm90"), gpu::GemmImpl::sm90);
+  EXPECT_EQ(gpu::gemm_impl_from_env("loop"), gpu::GemmImpl::loop);
+  const std::string e = error_of([] { gpu::gemm_impl_from_env("cutlass"); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_GEMM_IMPL"));
+  EXPECT_THAT(e, ::testing::HasSubstr("cutlass"));
+}
+
 TEST(GemmGpuErrors, NegativeGroupSizeNamesGroupSizes) {
   MOE_SKIP_WITHOUT_GPU();
   const auto x = dev(DType::bf16, {10, 4}), w = dev(DType::bf16, {3, 4, 6});
@@ -779,6 +789,61 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 
 }  // namespace
 
+// The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..385 rows
+// give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
+// group's end, and with N = 520 (3 column tiles) an N-pair whose partner is past Nc. Every element
+// of the forward and of dgrad is checked against its fp64 sum; two runs are bitwise equal.
+TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
+  MOE_SKIP_WITHOUT_SM90();
+  const std::vector<int64_t> sizes = {1, 64, 65, 128, 129, 200, 0, 256, 257, 300, 384, 385};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 7, K = 256, N = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  auto run = [&] {
+    gpu::DeviceTensor out(DType::bf16, {R, N});
+    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
+                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+    gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+    gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
+    return std::make_pair(out.download(), grads.grad_x.download());
+  };
+  const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+  const auto [out, gx] = run();
+  EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2) << "fwd and dgrad on the kernel";
+  Sampler s{plan, K, N, {}};
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double want = 0, abs = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = hv(kSeedX, r * K + k) * hv(kSeedW, (g * K + k) * N + n);
+          want += p;
+          abs += std::fabs(p);
+        }
+        s.check("out", r * N + n, out.at(r, n), round_to(DType::bf16, want), K, abs);
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        double want = 0, abs = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double p = hv(kSeedCt, r * N + n) * hv(kSeedW, (g * K + k) * N + n);
+          want += p;
+          abs += std::fabs(p);
+        }
+        s.check("grad_x", r * K + k, gx.at(r, k), round_to(DType::bf16, want), N, abs);
+      }
+    }
+  }
+  EXPECT_TRUE(s.bad.empty()) << s.bad.size()
+                             << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
+  const auto [out2, gx2] = run();
+  EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
+}
+
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   MOE_SKIP_WITHOUT_GPU();
   if (!std::getenv("MOE_GEMM_BENCH")) {
@@ -790,7 +855,11 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   std::printf("%-18s %-9s %8s %7s %7s %5s %7s | %8s %8s | %8s %7s %7s %5s | %8s\n", "case", "impl",
               "fwd_ms", "TFLOP/s", "dense", "ratio", "fwd_GB/s", "dgrad_ms", "wgrad_ms", "fb_ms",
               "TFLOP/s", "dense", "ratio", "fwd+read");
+  // MOE_GEMM_BENCH_CASES=a,b,...: only those cases.
+  const char* cases = std::getenv("MOE_GEMM_BENCH_CASES");
+  const std::string case_list = cases ? std::string(",") + cases + "," : "";
   for (const BenchShape& b : bench_shapes()) {
+    if (cases && case_list.find("," + b.name + ",") == std::string::npos) continue;
     const gpu::GroupPlan plan = bench_plan(b);
     const int64_t R = plan.rows, K = b.H, N = b.F, G = b.E;
     const double fwd_flops = 2.0 * R * K * N, fb_flops = 3 * fwd_flops;
@@ -908,6 +977,7 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   std::printf("%-18s %-9s %9s %8s | %9s %8s\n", "ffn case", "impl", "fwd_ms", "TFLOP/s", "fb_ms",
               "TFLOP/s");
   for (const BenchShape& b : bench_shapes()) {
+    if (cases && case_list.find("," + b.name + ",") == std::string::npos) continue;
     const gpu::GroupPlan plan = bench_plan(b);
     const int64_t R = plan.rows, H = b.H, M = b.F, G = b.E;
     const double fwd_flops = 6.0 * R * H * M, fb_flops = 3 * fwd_flops;
