@@ -41,14 +41,21 @@
 //     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
 //     copy speed).
 //   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked),
-//     GemmBench on an H100, bf16, TFLOP/s (% of the dense GEMM timed in the same run), two runs:
-//       Mixtral-like uniform / skewed   fwd 647 (81%), 641 (82%) / 580 (80%), 612 (83%)
-//       DeepSeek-like uniform / skewed  fwd 360 (45%), 375 (47%) / 388 (49%), 394 (50%)
-//     In the second run chunked, beside it, measured 90% / 97% and 61% / 54%: chunked stays the
-//     default. A first one-CTA version of the kernel measured
-//     70% / 41%; 2-CTA clusters multicasting the weight tile and a branch-free epilogue brought
-//     it to the figures above. What holds the DeepSeek-like shape at ~1.6 TB/s of DRAM traffic
-//     (half the copy bandwidth, with no operand read twice from DRAM) is not yet known.
+//     GemmBench on an H100, bf16, TFLOP/s (% of the dense GEMM timed in the same run):
+//                                       session 3 (two runs)         session 4 (final run)
+//       Mixtral-like uniform / skewed   fwd 647 (81%), 641 (82%)     581 (72%) / 567 (77%)
+//                                       / 580 (80%), 612 (83%)
+//       DeepSeek-like uniform / skewed  fwd 360 (45%), 375 (47%)     438 (55%) / 373 (47%)
+//                                       / 388 (49%), 394 (50%)
+//     chunked, beside it in the final run: 96% / 96% and 60% / 54%, so chunked stays the default.
+//     ncu (DeepSeek-like uniform forward): the session-3 kernel read 15.3 GB from DRAM for an
+//     8.7 GB minimum, at 2.85 TB/s (85% of peak): the groups of 257-293 rows (sizes spread around
+//     256) ran two M-pairs, one with an idle partner, and read their weight twice. N-pairs for a
+//     group's odd last row tile and L2 evict_first on the streamed weight brought it to 11.7 GB
+//     and 4.2-4.4 ms (454-462 TFLOP/s in the same-variant runs). The Mixtral-like forward fell
+//     with that change: 566-581 in the two runs after it against 606-686 in the two before it
+//     (same session, same device); not isolated (that shape has few odd tiles and no hints; the
+//     producer now spills 32 bytes under its 40-register cap).
 //   - Without a bias cuBLAS writes d directly (one rounding of the fp32 accumulator). With a bias
 //     it writes an fp32 buffer and one kernel adds f32(bias[g]) and rounds once, as the SPEC's
 //     rnd_d(sum + bias) asks. grad bias is a deterministic per-group column sum in fp32 (fixed
