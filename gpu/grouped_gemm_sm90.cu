@@ -457,19 +457,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                               ? static_cast<int>(min(static_cast<int64_t>(2), (left + 127) / 128))
                               : static_cast<int>(min(static_cast<int64_t>(4), (left + 63) / 64));
         constexpr uint32_t kBoxBytes = kBKMajor ? kBBytes / 2 : kChunkBytes;
-        uint32_t bytes;
-        int a_row = 0, a_halves = 0;
-        if (!tl.npair) {
-          // M-pair: own row tile (one 128-row box, or 64 rows), half of the shared weight tile.
-          bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes;
-          a_row = static_cast<int>(tl.row0);
-        } else {
-          // N-pair: rank r loads row half r (if needed) for both CTAs, and its own weight tile.
-          const bool mine = rank == 0 || half1;
-          bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes;
-          a_row = static_cast<int>(tl.row0) + 64 * static_cast<int>(rank);
-          a_halves = mine ? 1 : 0;
-        }
+        // What lands in this CTA per stage: the row tile (or its first half), and the weight
+        // boxes (M-pair: both CTAs' halves, multicast; N-pair: its own column tile's).
+        const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes;
+        // M-pair: this CTA loads its own row tile. N-pair: rank r loads row half r (when needed)
+        // for both CTAs.
+        int a_row = static_cast<int>(tl.row0);
+        if (tl.npair) a_row += 64 * static_cast<int>(rank);
+        const bool a_half_mine = rank == 0 || half1;
         // Rows past M_total (a tile's tail) are zero-filled by TMA; a box starting past it loads
         // row 0 instead (it is never stored).
         if (a_row >= p.rows) a_row = 0;
@@ -497,7 +492,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                                       kb * kBK, tl.g, pol_b);
             }
           } else {
-            if (a_halves)
+            if (a_half_mine)
               tma_load_2d_multicast(sa + rank * (kABytes / 2), &tm_a64, &full[s], kb * kBK, a_row,
                                     pol_a);
             for (int j = 0; j < boxes; ++j) {
@@ -558,19 +553,6 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// Benchmark knob MOE_SM90_L2PROMO=0|64|128|256 (default 256).
-CUtensorMapL2promotion l2_promotion() {
-  static const CUtensorMapL2promotion v = [] {
-    const char* e = std::getenv("MOE_SM90_L2PROMO");
-    const int b = e && *e ? std::atoi(e) : 256;
-    return b == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-           : b == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-           : b == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                      : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  }();
-  return v;
-}
-
 CUtensorMap make_map(DType d, const void* ptr, int rank, const cuuint64_t* dims,
                      const cuuint64_t* strides, const cuuint32_t* box) {
   CUtensorMap m{};
@@ -578,7 +560,8 @@ CUtensorMap make_map(DType d, const void* ptr, int rank, const cuuint64_t* dims,
   const CUresult r = encode_fn()(
       &m, d == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       rank, const_cast<void*>(ptr), dims, strides, box, estrides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, l2_promotion(), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("sm90 grouped GEMM: cuTensorMapEncodeTiled failed (" +
                              std::to_string(static_cast<int>(r)) + ")");
@@ -654,10 +637,11 @@ int bias_code(const RowGroupedProduct& p) {
   }
 }
 
-// When the weight is streamed (on average at most kStreamRows rows per group, so a weight tile
-// serves one cluster), its loads are marked evict_first: the row tile, which the group's other
-// column tiles read, then stays in L2 instead of being re-read from DRAM. Benchmark knob
-// MOE_SM90_HINTS=ab (two digits of l2_policy codes, e.g. 01, 21, 00) forces both.
+// When the weight is streamed (on average at most kStreamRows rows per group: each weight tile
+// serves one or two clusters, then is not read again), its loads are marked evict_first: the row
+// tile, which the group's other column tiles read, then stays in L2 instead of being re-read from
+// DRAM. Benchmark knob MOE_SM90_HINTS=ab (two digits of l2_policy codes, e.g. 01, 21, 00) forces
+// both.
 void l2_hints(const RowGroupedProduct& p, KParams& kp) {
   static const char* forced = std::getenv("MOE_SM90_HINTS");
   if (forced && std::strlen(forced) == 2) {
