@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -42,19 +43,23 @@ void check_cuda(int err, const char* what, const char* file, int line) {
 
 namespace {
 
-// Freed large device buffers kept for reuse: the block, the FFN and the benchmarks allocate
-// gigabytes per call, and reuse beats cudaMalloc/cudaFree there (the Mixtral-like block forward
-// on an H100: 18.9 ms with reuse, 21.5 ms without). A freed buffer of at least kMinCached bytes
-// is kept under its exact byte size (so memcheck bounds stay exact) and handed to the next
-// allocation of that size; smaller buffers go straight to cudaMalloc/cudaFree as before. Freeing
-// a large buffer synchronises the device first, as cudaFree does, so a reused buffer is never
-// still in use by a kernel on any stream. At most 60% of the device memory stays cached (the
-// DeepSeek-like block's weight gradients alone are 22.5 GB); release_buffer_cache() empties it
-// (the benchmark does between cases; malloc_async does before retrying an allocation that ran
-// out of memory). Off (plain cudaMalloc/cudaFree) with MOE_GPU_NO_CACHE=1, which the sanitizer
-// scripts set (initcheck only tracks fresh allocations, and the leak check must see real frees),
-// or when CUDA_INJECTION64_PATH names an injected tool. A failed cudaMalloc empties the cache and
-// tries once more.
+// Freed device buffers kept for reuse: the block, the FFN and the benchmarks allocate gigabytes
+// per call, and cudaMalloc/cudaFree are slow where it matters: cudaFree waits for the device and
+// then unmaps (0.15-0.5 ms per call in the block's timeline on an H100, the GPU idle meanwhile),
+// and cudaMalloc maps (0.06-0.18 ms). A freed buffer is kept under its exact byte size (so
+// memcheck bounds stay exact) and handed to the next allocation of that size. Freeing synchronises
+// the device first, as cudaFree does, so a reused buffer is never still in use by a kernel on any
+// stream; without the unmapping that costs about 10-25 us of GPU idle (measured: deferring the
+// synchronisation to the reuse gained nothing).
+//
+// Two budgets: buffers of at least kLarge bytes up to 60% of the device memory (the
+// DeepSeek-like block's weight gradients alone are 22.5 GB), smaller ones up to kSmallBudget (a
+// test run's many distinct small shapes must not pile up). Past a budget the cache frees its
+// largest buffers down to half of it. release_buffer_cache() empties it (the benchmark does
+// between cases); an allocation that runs out of memory empties it and the stream-ordered pool,
+// then tries once more. Off (plain cudaMalloc/cudaFree) with MOE_GPU_NO_CACHE=1, which the
+// sanitizer scripts set (initcheck only tracks fresh allocations, and the leak check must see
+// real frees), or when CUDA_INJECTION64_PATH names an injected tool.
 class BufferCache {
  public:
   static BufferCache& get() {
@@ -62,26 +67,28 @@ class BufferCache {
     return *c;
   }
 
-  static constexpr size_t kMinCached = size_t{32} << 20;
+  static constexpr size_t kLarge = size_t{32} << 20;
+  static constexpr size_t kSmallBudget = size_t{512} << 20;
 
   void* alloc(size_t n) {
     int dev = 0;
     cudaGetDevice(&dev);
-    if (enabled_ && n >= kMinCached) {
+    if (enabled_) {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find({dev, n});
-      if (it != free_.end()) {
+      Pool& pl = pool(n);
+      auto it = pl.free.find({dev, n});
+      if (it != pl.free.end()) {
         void* p = it->second;
-        free_.erase(it);
-        cached_ -= n;
+        pl.free.erase(it);
+        pl.cached -= n;
         return p;
       }
     }
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, n);
-    if (e == cudaErrorMemoryAllocation && enabled_) {
-      cudaGetLastError();  // not sticky: clear it and retry with the cache emptied
-      trim(0);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it and retry with every cache emptied
+      release_all();
       e = cudaMalloc(&p, n);
     }
     MOE_CUDA_CHECK(e);
@@ -89,7 +96,7 @@ class BufferCache {
   }
 
   void release(void* p, size_t n) noexcept {
-    if (!enabled_ || n < kMinCached) {
+    if (!enabled_) {
       cudaFree(p);
       return;
     }
@@ -97,54 +104,95 @@ class BufferCache {
     int dev = 0;
     cudaGetDevice(&dev);
     std::lock_guard<std::mutex> lock(mu_);
-    free_.emplace(std::make_pair(dev, n), p);
-    cached_ += n;
-    if (cached_ > limit_) trim_locked(limit_ / 2);
+    Pool& pl = pool(n);
+    pl.free.emplace(std::make_pair(dev, n), p);
+    pl.cached += n;
+    if (pl.cached > pl.limit) trim_locked(pl, pl.limit / 2);
   }
 
-  void trim(size_t keep) noexcept {
-    std::lock_guard<std::mutex> lock(mu_);
-    trim_locked(keep);
+  // Every cache emptied, and the stream-ordered pool's unused memory (after an out-of-memory).
+  void release_all() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      trim_locked(large_, 0);
+      trim_locked(small_, 0);
+    }
+    int dev = 0;
+    cudaMemPool_t mp = nullptr;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetDefaultMemPool(&mp, dev) == cudaSuccess) {
+      cudaDeviceSynchronize();
+      cudaMemPoolTrimTo(mp, 0);
+    }
+    cudaGetLastError();
   }
 
  private:
+  // Buffers keyed (device, bytes), and their total.
+  struct Pool {
+    std::multimap<std::pair<int, size_t>, void*> free;
+    size_t cached = 0;
+    size_t limit = 0;
+  };
+
   BufferCache() {
     const char* off = std::getenv("MOE_GPU_NO_CACHE");
     const char* tool = std::getenv("CUDA_INJECTION64_PATH");
     enabled_ = !(off && *off && std::strcmp(off, "0") != 0) && !(tool && *tool);
     size_t free_b = 0, total = 0;
-    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) limit_ = total / 10 * 6;
+    large_.limit = size_t{8} << 30;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) large_.limit = total / 10 * 6;
+    small_.limit = kSmallBudget;
     cudaGetLastError();
   }
 
-  // Frees the largest cached buffers until at most `keep` bytes stay cached.
-  void trim_locked(size_t keep) noexcept {
-    while (cached_ > keep && !free_.empty()) {
-      auto it = std::prev(free_.end());
+  Pool& pool(size_t n) { return n >= kLarge ? large_ : small_; }
+
+  // Frees the largest buffers of pl until at most `keep` bytes stay cached.
+  void trim_locked(Pool& pl, size_t keep) noexcept {
+    while (pl.cached > keep && !pl.free.empty()) {
+      auto it = std::prev(pl.free.end());
       int dev = 0;
       cudaGetDevice(&dev);
       cudaSetDevice(it->first.first);
       cudaFree(it->second);
       cudaSetDevice(dev);
-      cached_ -= it->first.second;
-      free_.erase(it);
+      pl.cached -= it->first.second;
+      pl.free.erase(it);
     }
   }
 
   std::mutex mu_;
-  std::multimap<std::pair<int, size_t>, void*> free_;
-  size_t cached_ = 0;
-  size_t limit_ = size_t{8} << 30;
+  Pool large_, small_;
   bool enabled_ = true;
 };
+
+// The stream-ordered pool (cudaMallocAsync: the GEMM scratch, the plans) keeps what it has
+// mapped: with the default release threshold of 0 it unmapped at every synchronisation and
+// mapped again at the next allocation, 1-3 ms of GPU idle per block iteration in the timeline.
+// An out-of-memory empties it (BufferCache::release_all).
+void keep_pool_memory() {
+  static std::mutex mu;
+  static std::map<int, bool> done;
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done[dev]) return;
+  cudaMemPool_t mp = nullptr;
+  MOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mp, dev));
+  uint64_t threshold = UINT64_MAX;
+  MOE_CUDA_CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &threshold));
+  done[dev] = true;
+}
 
 }  // namespace
 
 void release_buffer_cache() noexcept {
-  BufferCache::get().trim(0);
+  BufferCache::get().release_all();
 }
 
 void* malloc_async(size_t bytes, Stream s) {
+  keep_pool_memory();
   void* p = nullptr;
   if (cudaMallocAsync(&p, bytes, s) == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky
