@@ -296,8 +296,8 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
   return ok;
 }
 
-int run_bench(const std::vector<std::string>& only_ops, const std::string& json_path, int samples,
-              int64_t verify_rows) {
+int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::string>& only_cases,
+              const std::string& json_path, int samples, int64_t verify_rows) {
   if (!ops::gpu_available()) {
     std::fprintf(stderr, "bench: no GPU available (%s)\n", ops::gpu_description().c_str());
     return 2;
@@ -305,6 +305,23 @@ int run_bench(const std::vector<std::string>& only_ops, const std::string& json_
   for (const std::string& name : only_ops) {
     if (!ops::find_op(name)) {
       std::fprintf(stderr, "--op: unknown op '%s' (see `moe-harness list`)\n", name.c_str());
+      return 2;
+    }
+  }
+  // --case: every name must match a benchmark case of the selected ops (a typo must not pass as
+  // an empty, green run).
+  for (const std::string& name : only_cases) {
+    bool found = false;
+    for (const ops::OpInfo* op : ops::all_ops()) {
+      if (!only_ops.empty() &&
+          std::find(only_ops.begin(), only_ops.end(), op->name) == only_ops.end()) {
+        continue;
+      }
+      for (const Case& c : hooks_of(*op).cases) found = found || c.s("name", "") == name;
+    }
+    if (!found) {
+      std::fprintf(stderr, "--case: no benchmark case named '%s' in the selected ops\n",
+                   name.c_str());
       return 2;
     }
   }
@@ -348,6 +365,10 @@ int run_bench(const std::vector<std::string>& only_ops, const std::string& json_
     }
     const Hooks h = hooks_of(*op);
     for (const Case& c : h.cases) {
+      if (!only_cases.empty() &&
+          std::find(only_cases.begin(), only_cases.end(), c.s("name", "")) == only_cases.end()) {
+        continue;
+      }
       try {
         all_ok &= bench_case(*op, h, c, samples, verify_rows, copy, results);
       } catch (const std::exception& e) {
@@ -374,11 +395,13 @@ void add_bench_command(CLI::App& app, int& status) {
       "bench",
       "Verify, then time the CUDA ops' benchmark cases (GB/s vs copy, TFLOP/s vs dense "
       "cuBLAS, tokens/s)");
-  static std::vector<std::string> op_names;
+  static std::vector<std::string> op_names, case_names;
   static std::string json_path;
   static int samples = 25;
   static int64_t verify_rows = 1024;
   cmd->add_option("--op", op_names, "Only these ops (repeatable; see `moe-harness list`)");
+  cmd->add_option("--case", case_names,
+                  "Only the benchmark cases of this name (repeatable; e.g. for a profiler run)");
   cmd->add_option("--json", json_path, "Also write the results to this JSON file");
   cmd->add_option("--samples", samples, "Timed samples per case and direction (>= 20)")
       ->check(CLI::Range(20, 100000));
@@ -404,7 +427,7 @@ void add_bench_command(CLI::App& app, int& status) {
     }
 #ifdef MOE_WITH_CUDA
     try {
-      status = run_bench(op_names, json_path, samples, verify_rows);
+      status = run_bench(op_names, case_names, json_path, samples, verify_rows);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench: %s\n", e.what());
       status = 2;
