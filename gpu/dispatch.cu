@@ -418,18 +418,28 @@ __global__ void __launch_bounds__(kThreads)
 //   grad_mp[t,e_k]      = rnd_p(sum_h f32(permuted[row_k,h]) * f32(ct[t,h]))
 // The dot is a per-lane fp32 partial and a fixed butterfly of shuffles: deterministic. A repeated
 // expert in the row is written by its last slot only (the reference's last write); the row of
-// grad_mp was zeroed by combine_owner_kernel.
-template <class T, int N>
+// grad_mp was zeroed by combine_owner_kernel. Two schedules, the same arithmetic:
+// kWarpPerToken: a warp takes a token and its slots in turn (few slots per token: one CTA per
+// token left most warps idle, 0.385 vs 0.285 ms at topk 2 in the Mixtral-like block); else a CTA
+// takes a token and its warps the slots (many slots: they share ct[t] in L1, 0.72 vs 1.0 ms at
+// topk 8 in the DeepSeek-like block).
+template <class T, int N, bool kWarpPerToken>
 __global__ void __launch_bounds__(kThreads)
     combine_bwd_probs_kernel(const T* ct, const T* permuted, const int32_t* rid, const int32_t* pad,
                              const void* mp, int wcode, const long long* owner, T* out, void* gmp,
                              long long Tn, long long E, long long rows, long long H) {
   using VT = Vec<T, N>;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31;
   const long long nvec = H / N, W = 2 * E + 1;
-  for (long long t = blockIdx.x; t < Tn; t += gridDim.x) {
+  const long long gwarp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const long long t0 = kWarpPerToken ? gwarp : blockIdx.x;
+  const long long t_step =
+      kWarpPerToken ? (static_cast<long long>(gridDim.x) * blockDim.x) >> 5 : gridDim.x;
+  const int k0 = kWarpPerToken ? 0 : static_cast<int>(threadIdx.x >> 5);
+  const int k_step = kWarpPerToken ? 1 : static_cast<int>(blockDim.x >> 5);
+  for (long long t = t0; t < Tn; t += t_step) {
     const long long n = slot_count(rid, E, t, nullptr);
-    for (long long k = warp; k < n; k += nwarps) {
+    for (long long k = k0; k < n; k += k_step) {
       const Slot s = decode_slot(rid, E, t, k, pad, rows, mp, wcode, nullptr);
       bool last = true;
       for (long long k2 = k + 1 + lane; k2 < n; k2 += 32) last &= rid[t * W + E + k2] != s.e;
@@ -740,10 +750,18 @@ void token_combine_bwd_into(const DeviceTensor& grad_combined, const DeviceTenso
                    [&](auto tag, auto n) {
                      using T = decltype(tag);
                      constexpr int N = decltype(n)::value;
-                     combine_bwd_probs_kernel<T, N><<<token_grid(d.T), kThreads, 0, s>>>(
-                         grad_combined.data<T>(), permuted.data<T>(), rid, pad,
-                         merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
-                         out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                     // Slots per token, on average: R_in counts routed and padding rows.
+                     if (d.R_in <= 2 * d.T) {
+                       combine_bwd_probs_kernel<T, N, true><<<warp_grid(d.T), kThreads, 0, s>>>(
+                           grad_combined.data<T>(), permuted.data<T>(), rid, pad,
+                           merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
+                           out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                     } else {
+                       combine_bwd_probs_kernel<T, N, false><<<token_grid(d.T), kThreads, 0, s>>>(
+                           grad_combined.data<T>(), permuted.data<T>(), rid, pad,
+                           merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
+                           out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                     }
                      check_launch("combine_bwd_probs_kernel");
                    });
   }
