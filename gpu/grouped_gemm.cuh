@@ -55,7 +55,15 @@
 //     and 4.2-4.4 ms (454-462 TFLOP/s in the same-variant runs). The Mixtral-like forward fell
 //     with that change: 566-581 in the two runs after it against 606-686 in the two before it
 //     (same session, same device); not isolated (that shape has few odd tiles and no hints; the
-//     producer now spills 32 bytes under its 40-register cap).
+//     producer now spills 32 bytes under its 40-register cap). Session 5 (final run, another
+//     H100): sm90 536 (65%) / 548 (74%) and 442 (55%) / 373 (47%); chunked 746 (91%) / 728 (99%)
+//     and 499 (62%) / 431 (54%). L2 hints on DeepSeek-like uniform (MOE_SM90_HINTS, ncu): the
+//     default (weight evict_first) 11.7 GB DRAM read, 4.38 ms; no hints 12.3 GB, 4.72 ms; weight
+//     evict_last 12.5 GB, 4.73 ms; both evict_first 306 TFLOP/s (worst).
+//   - PyTorch's torch._grouped_mm (torch 2.11, scripts/torch_grouped_mm_baseline.py), same
+//     shapes, its own dense torch.mm alongside, two H100s: Mixtral-like 653-724 / 622-625 TFLOP/s
+//     (uniform / skewed), DeepSeek-like 489-495 / 381-383 (63-68% / 49-53% of its dense mm). On
+//     the H100 of the session-5 final run chunked beat it on all four (figures above).
 //   - Without a bias cuBLAS writes d directly (one rounding of the fp32 accumulator). With a bias
 //     it writes an fp32 buffer and one kernel adds f32(bias[g]) and rounds once, as the SPEC's
 //     rnd_d(sum + bias) asks. grad bias is a deterministic per-group column sum in fp32 (fixed
