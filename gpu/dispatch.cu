@@ -419,10 +419,10 @@ __global__ void __launch_bounds__(kThreads)
 // The dot is a per-lane fp32 partial and a fixed butterfly of shuffles: deterministic. A repeated
 // expert in the row is written by its last slot only (the reference's last write); the row of
 // grad_mp was zeroed by combine_owner_kernel. Two schedules, the same arithmetic:
-// kWarpPerToken: a warp takes a token and its slots in turn (few slots per token: one CTA per
-// token left most warps idle, 0.385 vs 0.285 ms at topk 2 in the Mixtral-like block); else a CTA
-// takes a token and its warps the slots (many slots: they share ct[t] in L1, 0.72 vs 1.0 ms at
-// topk 8 in the DeepSeek-like block).
+// kWarpPerToken: a warp takes a token and its slots in turn, for few slots per token (a CTA per
+// token left most of its warps idle: 0.285 ms against 0.385 at topk 2, Mixtral-like block); else
+// a CTA takes a token and its warps the slots, for many (they share ct[t] in L1: 0.72 ms against
+// 1.0 at topk 8, DeepSeek-like block).
 template <class T, int N, bool kWarpPerToken>
 __global__ void __launch_bounds__(kThreads)
     combine_bwd_probs_kernel(const T* ct, const T* permuted, const int32_t* rid, const int32_t* pad,
