@@ -3,6 +3,8 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <type_traits>
+
 #include "gpu/dispatch.cuh"
 #include "gpu/perm_detail.cuh"
 
@@ -750,17 +752,19 @@ void token_combine_bwd_into(const DeviceTensor& grad_combined, const DeviceTenso
                    [&](auto tag, auto n) {
                      using T = decltype(tag);
                      constexpr int N = decltype(n)::value;
+                     const auto launch = [&](auto warp_per_token) {
+                       constexpr bool kW = decltype(warp_per_token)::value;
+                       combine_bwd_probs_kernel<T, N, kW>
+                           <<<kW ? warp_grid(d.T) : token_grid(d.T), kThreads, 0, s>>>(
+                               grad_combined.data<T>(), permuted.data<T>(), rid, pad,
+                               merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
+                               out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                     };
                      // Slots per token, on average: R_in counts routed and padding rows.
                      if (d.R_in <= 2 * d.T) {
-                       combine_bwd_probs_kernel<T, N, true><<<warp_grid(d.T), kThreads, 0, s>>>(
-                           grad_combined.data<T>(), permuted.data<T>(), rid, pad,
-                           merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
-                           out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                       launch(std::true_type{});
                      } else {
-                       combine_bwd_probs_kernel<T, N, false><<<token_grid(d.T), kThreads, 0, s>>>(
-                           grad_combined.data<T>(), permuted.data<T>(), rid, pad,
-                           merging_probs->data(), wcode, owner.get(), reinterpret_cast<T*>(gp),
-                           out.grad_merging_probs->data(), d.T, d.E, d.R_in, d.H);
+                       launch(std::false_type{});
                      }
                      check_launch("combine_bwd_probs_kernel");
                    });

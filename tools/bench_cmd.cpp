@@ -306,13 +306,14 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   }
   // --case: every name must match a benchmark case of the selected ops (a typo must not pass as
   // an empty, green run).
+  const auto selected = [&](const ops::OpInfo& op) {
+    return only_ops.empty() ||
+           std::find(only_ops.begin(), only_ops.end(), op.name) != only_ops.end();
+  };
   for (const std::string& name : only_cases) {
     bool found = false;
     for (const ops::OpInfo* op : ops::all_ops()) {
-      if (!only_ops.empty() &&
-          std::find(only_ops.begin(), only_ops.end(), op->name) == only_ops.end()) {
-        continue;
-      }
+      if (!selected(*op)) continue;
       for (const Case& c : hooks_of(*op).cases) found = found || c.s("name", "") == name;
     }
     if (!found) {
@@ -359,10 +360,7 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   }
   bool all_ok = true;
   for (const ops::OpInfo* op : ops::all_ops()) {
-    if (!only_ops.empty() &&
-        std::find(only_ops.begin(), only_ops.end(), op->name) == only_ops.end()) {
-      continue;
-    }
+    if (!selected(*op)) continue;
     const Hooks h = hooks_of(*op);
     for (const Case& c : h.cases) {
       if (!only_cases.empty() &&
