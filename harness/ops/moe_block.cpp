@@ -157,8 +157,8 @@ std::vector<Case> named() {
                   .set("probs_dtype", "bfloat16"));
   v.push_back(base("softmax_pre_ep8", DType::f32, "argsort", 8, 1, 8, 2, 8, 3, 8, 8, 2)
                   .set("use_pre_softmax", true));
-  // More experts than the other cases (E = 64, K = 4, aux loss on), as the DeepSeek-like shapes
-  // have.
+  // Many experts, as DeepSeek-like models have (E = 64, K = 4, aux loss on); the other cases have
+  // at most 16.
   v.push_back(base("many_experts_e64", DType::bf16, "kernel", 2, 1, 2, 8, 64, 4, 16, 8, 0)
                   .set("aux_loss_coeff", 0.01));
   v.push_back(base("zero_tokens", DType::f32, "kernel", 2, 2, 0, 4, 4, 2, 8, 8, 4));
