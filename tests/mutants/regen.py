@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Regenerates tests/mutants/*.patch and tests/mutants/INDEX from the table below.
+
+Each mutant is one textual edit (the `occ`-th occurrence of `old` in `file` becomes `new`), turned
+into a `git diff` against HEAD in a scratch clone, so the patches apply with `git apply` to a
+checkout of HEAD. Run it from the repository root after the mutated code moved:
+
+    python3 tests/mutants/regen.py            # rewrites the patches and INDEX
+    python3 tests/mutants/regen.py --check    # fails if an edit no longer finds its text
+
+It never touches the working tree outside tests/mutants/.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+# (id, name, class, file, occurrence (1-based), old, new, description)
+M = [
+    # ---- gpu/: router family -------------------------------------------------------------------
+    ("001", "router_norm_in_out_dtype", "intermediate-dtype", "gpu/router_row.cuh", 2,
+     "const float inv = 1.0f / (seg_sum<LANES>(sum) + kEps);",
+     "const float inv = 1.0f / (to_f32(from_f32<TIn>(seg_sum<LANES>(sum))) + kEps);",
+     "fast router: the top-k normaliser (sum of the picked scores) rounded to the output dtype "
+     "instead of kept in fp32 (1 ulp in bf16)"),
+    ("002", "router_k8_loop_bound", "edge-size", "gpu/router_row.cuh", 1,
+     "for (int r = 1; r < 8; ++r)",
+     "for (int r = 1; r < 7; ++r)",
+     "fast router, one lane per row (E <= 8): the K-th key loop stops at 7, so K = 8 picks the "
+     "wrong threshold (only E = 8, K = 8)"),
+    ("003", "router_tie_slot_order", "tie-break", "gpu/router_row.cuh", 1,
+     "        for (int j = 0; j < 8; ++j) {\n          const bool take",
+     "        for (int j = 7; j >= 0; --j) {\n          const bool take",
+     "fast router: a split tie inside a lane takes the highest expert indices first "
+     "(canonical rule is index ascending)"),
+    ("004", "router_bwd_norm_term", "missing-grad-term", "gpu/router_row.cuh", 1,
+     "g[j] = is_r(j) ? g[j] / den - b : 0.0f;",
+     "g[j] = is_r(j) ? g[j] / den : 0.0f;",
+     "router backward (sigmoid/sqrtsoftplus, K > 1): the normalisation's -B/A^2 term dropped"),
+    ("005", "router_bwd_softmax_dot", "missing-grad-term", "gpu/router_row.cuh", 1,
+     "for (int j = 0; j < VPT; ++j) out[j] = s[j] * (g[j] - dot);",
+     "for (int j = 0; j < VPT; ++j) out[j] = s[j] * g[j];",
+     "router/aux-scores backward, softmax over all experts: the -dot term of the Jacobian "
+     "dropped"),
+    ("006", "router_bitmap_byte_offset", "offset", "gpu/router_row.cuh", 2,
+     "uint8_t* dst = a.map + row * mapw + (a.bitmap ? e0 / 8 : e0);",
+     "uint8_t* dst = a.map + row * mapw + e0;",
+     "fast router: bitmap routing map written at the expert offset instead of the byte offset"),
+    ("007", "router_vec_without_e8", "alignment", "gpu/topk_router.cu", 1,
+     "a.vec = (E % 8 == 0 && aligned16(a.logits) && aligned16(a.probs)",
+     "a.vec = (aligned16(a.logits) && aligned16(a.probs)",
+     "router forward: 16-byte vector loads enabled when E % 8 != 0 (rows not 16-byte aligned)"),
+    ("008", "router_presoftmax_lane_max", "reduction-scope", "gpu/router_row.cuh", 2,
+     "      m = seg_max<LANES>(m);\n",
+     "",
+     "fast router, softmax pre / aux scores: each lane subtracts its own max instead of the "
+     "row max"),
+    ("009", "router_bias_kept_in_prob", "offset", "gpu/router_row.cuh", 2,
+     "p[j] = selected(j) ? (has_bias ? z[j] - bias[j] : z[j]) : 0.0f;",
+     "p[j] = selected(j) ? z[j] : 0.0f;",
+     "fast router: the expert bias is not removed from the routed probability (sigmoid)"),
+    ("010", "aux_finalize_missing_sync", "race", "gpu/aux_loss.cu", 1,
+     "    if (tid < s) part[tid] = part[tid] + part[tid + s];\n    __syncthreads();\n",
+     "    if (tid < s) part[tid] = part[tid] + part[tid + s];\n",
+     "aux loss: the shared-memory tree sum has no barrier between levels"),
+    ("011", "aux_colsum_bf16_accumulator", "accumulator-dtype", "gpu/aux_loss.cu", 1,
+     "acc = acc + to_f32(probs[r * C + col]);",
+     "acc = to_f32(from_f32<T>(acc + to_f32(probs[r * C + col])));",
+     "aux loss: column sums of probs accumulated in the probs dtype"),
+    ("012", "aux_bwd_column_wrap", "index", "gpu/aux_loss.cu", 1,
+     "c = c + 1 == C ? 0 : c + 1;",
+     "c = c + 1;",
+     "aux loss backward: the column index does not wrap at a row end inside an 8-element chunk"),
+    # ---- gpu/: permutation family ---------------------------------------------------------------
+    ("013", "dispatch_align_round_up", "alignment", "gpu/dispatch.cu", 1,
+     "const long long al = a > 0 ? (k + a - 1) / a * a : k;",
+     "const long long al = a > 0 ? (k + a) / a * a : k;",
+     "dispatch layout: counts already a multiple of align_size get one extra block of padding"),
+    ("014", "dispatch_pad_row_offset", "padding", "gpu/dispatch.cu", 1,
+     "row = aoff[e] + kept[e] + (v - padoff[e]);",
+     "row = aoff[e] + (v - padoff[e]);",
+     "dispatch: padding rows zeroed at the expert's first rows instead of after its tokens"),
+    ("015", "dispatch_tail_not_zeroed", "padding", "gpu/dispatch.cu", 1,
+     "const long long zeros = pads + max(0LL, rows - aligned);",
+     "const long long zeros = pads;",
+     "dispatch: the tail rows past the aligned counts are left unwritten"),
+    ("016", "dispatch_rid_slot_order", "index", "gpu/dispatch.cu", 1,
+     "__popc(lane == 31 ? 0u : m >> (lane + 1))",
+     "__popc(m & ((1u << lane) - 1u))",
+     "row_id_map: slots within a 32-expert tile ordered by ascending expert (SPEC: descending)"),
+    ("017", "dispatch_colranks_missing_sync", "race", "gpu/dispatch.cu", 1,
+     "  part[warp][lane] = sum;\n  __syncthreads();\n",
+     "  part[warp][lane] = sum;\n",
+     "routing ranks: warps read the other warps' partial sums without a barrier"),
+    ("018", "dispatch_r12_plus_zero_only", "edge-case", "gpu/dispatch.cu", 1,
+     "zero = load_f(probs, pcode, t * E + s.e) == 0.0f;",
+     "zero = __float_as_uint(load_f(probs, pcode, t * E + s.e)) == 0u;",
+     "dispatch R12 quirk: only +0 probs write a zero row, -0 copies x"),
+    ("019", "combine_bwd_dot_in_dtype", "accumulator-dtype", "gpu/dispatch.cu", 1,
+     "part += to_f32(xv.v[j]) * cf;",
+     "part = to_f32(from_f32<T>(part + to_f32(xv.v[j]) * cf));",
+     "combine backward: grad_merging_probs dot product accumulated in the activation dtype"),
+    ("020", "gather_sum_in_dtype", "accumulator-dtype", "gpu/dispatch.cu", 1,
+     "acc[u][j] += to_f32(v.v[j]) * s.w;",
+     "acc[u][j] = to_f32(from_f32<T>(acc[u][j] + to_f32(v.v[j]) * s.w));",
+     "combine forward / dispatch backward: the per-token sum over slots rounded to the dtype "
+     "after every slot"),
+    ("021", "argsort_need_without_mod", "alignment", "gpu/argsort.cu", 1,
+     "(a - count[e] % a) % a : 0;",
+     "(a - count[e] % a) : 0;",
+     "argsort dispatch layout: an expert whose count is a multiple of align_size gets a "
+     "extra padding rows"),
+    ("022", "argsort_pad_position", "padding", "gpu/argsort.cu", 1,
+     "pos = estart[e] + count[e] + o;",
+     "pos = estart[e] + o;",
+     "argsort dispatch: padding rows written over the expert's first real rows"),
+    ("023", "argsort_combine_bwd_missing_sync", "race", "gpu/argsort.cu", 1,
+     "      if (threadIdx.x == 0) store_f(gw, wcode, t * K + k, dot);\n      __syncthreads();\n",
+     "      if (threadIdx.x == 0) store_f(gw, wcode, t * K + k, dot);\n",
+     "argsort combine backward: the block reduction's shared storage reused without a barrier"),
+    ("024", "argsort_weights_unrounded", "intermediate-dtype", "gpu/argsort.cu", 1,
+     "const float w = wts ? to_f32(from_f32<T>(load_f(wts, wcode, t * K + k))) : 1.0f;",
+     "const float w = wts ? load_f(wts, wcode, t * K + k) : 1.0f;",
+     "argsort combine: f32 merging weights not rounded to the activation dtype first (TE does)"),
+    ("025", "rm2se_rank_off_by_one", "index", "gpu/argsort.cu", 1,
+     "const long long k = n + __popc(m & ((1u << lane) - 1u));",
+     "const long long k = n + __popc(m & ((2u << lane) - 1u));",
+     "routing_map_to_selected_experts: a routed lane counts itself, slots shift by one"),
+    ("026", "sort_chunks_bsearch_boundary", "offset", "gpu/sort_chunks.cu", 1,
+     "if (start[mid] > i) {",
+     "if (start[mid] >= i) {",
+     "sort_chunks: a chunk's first row is attributed to the previous chunk"),
+    ("027", "ep_out_offset_inclusive", "offset", "gpu/ep.cu", 1,
+     "for (long long i = 0; i < s; ++i) oo += fwd ? snd(i, j) : snd(j, i);",
+     "for (long long i = 0; i <= s; ++i) oo += fwd ? snd(i, j) : snd(j, i);",
+     "ragged_a2a_params: output offsets include the rank's own block"),
+    ("028", "ep_local_order_transposed", "index", "gpu/ep.cu", 1,
+     "order[l * P + i] = static_cast<int32_t>(idx);",
+     "order[i * L + l] = static_cast<int32_t>(idx);",
+     "local permute: chunk order left source-major instead of expert-major"),
+    # ---- gpu/: FFN and grouped GEMM -------------------------------------------------------------
+    ("029", "ffn_silu_grad_term", "missing-grad-term", "gpu/swiglu_ffn.cu", 1,
+     "return s * (1.0f + x * (1.0f - s));",
+     "return s;",
+     "SwiGLU backward: silu'(x) without the x * s * (1 - s) term"),
+    ("030", "ffn_dgate_missing_up", "missing-grad-term", "gpu/swiglu_ffn.cu", 1,
+     "dg.v[k] = from_f32<T>(act_grad(silu, gv) * (dv * uv));",
+     "dg.v[k] = from_f32<T>(act_grad(silu, gv) * dv);",
+     "SwiGLU backward (vector kernel): d_gate misses the up-projection factor"),
+    ("031", "ffn_bias_group_zero", "offset", "gpu/swiglu_ffn.cu", 1,
+     "load_f32(b0, b0_kind, g * M + j)",
+     "load_f32(b0, b0_kind, j)",
+     "SwiGLU forward: every group uses group 0's gate bias"),
+    ("032", "ffn_vec16_ignores_count", "alignment", "gpu/swiglu_ffn.cu", 1,
+     "  if (n % static_cast<int64_t>(16 / elem) != 0) return false;\n",
+     "",
+     "SwiGLU: the 16-byte vector kernels are used when the element count is not a multiple of "
+     "the vector width"),
+    ("033", "gemm_group_of_boundary", "offset", "gpu/grouped_gemm.cu", 1,
+     "if (offsets[mid] > r) {",
+     "if (offsets[mid] >= r) {",
+     "grouped GEMM bias epilogue: a group's first row gets the previous group's bias"),
+    ("034", "gemm_colsum_missing_sync", "race", "gpu/grouped_gemm.cu", 1,
+     "part[threadIdx.y][threadIdx.x] += part[threadIdx.y + step][threadIdx.x];\n    __syncthreads();\n",
+     "part[threadIdx.y][threadIdx.x] += part[threadIdx.y + step][threadIdx.x];\n",
+     "grouped GEMM bias gradient: the column-sum tree has no barrier between levels"),
+    ("035", "gemm_colsum_row_bound", "edge-size", "gpu/grouped_gemm.cu", 1,
+     "for (int64_t r = r0 + threadIdx.y; r < r1; r += 8)",
+     "for (int64_t r = r0 + threadIdx.y; r <= r1; r += 8)",
+     "grouped GEMM bias gradient: each group's sum includes the next group's first row"),
+    ("036", "gemm_pad_rows_extra_row", "padding", "gpu/grouped_gemm.cu", 1,
+     "d[i] = r < pc.rows ? src[i] : uint4{0, 0, 0, 0};",
+     "d[i] = r <= pc.rows ? src[i] : uint4{0, 0, 0, 0};",
+     "chunked wgrad: the first padding row of a bin copies the next source row instead of zeros"),
+    # ---- gpu/: the MoE block --------------------------------------------------------------------
+    ("037", "block_colcount_missing_sync_zero", "race", "gpu/moe_block.cu", 1,
+     "local[e] = 0;\n  __syncthreads();\n",
+     "local[e] = 0;\n",
+     "moe_block column counts: no barrier between zeroing the shared counters and the atomics "
+     "(known miss b)"),
+    ("038", "block_colcount_missing_sync_read", "race", "gpu/moe_block.cu", 1,
+     "  }\n  __syncthreads();\n  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {\n"
+     "    if (local[e])",
+     "  }\n  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {\n    if (local[e])",
+     "moe_block column counts: shared counters flushed to global before every warp has added "
+     "(known miss b)"),
+    ("039", "block_colcount_shared_nonatomic", "missing-atomic", "gpu/moe_block.cu", 1,
+     "if (map[i]) atomicAdd(&local[i % E], 1);",
+     "if (map[i]) ++local[i % E];",
+     "moe_block column counts: shared-memory increment without an atomic"),
+    ("040", "block_colcount_global_nonatomic", "missing-atomic", "gpu/moe_block.cu", 1,
+     "if (local[e]) atomicAdd(&out[e], local[e]);",
+     "if (local[e]) out[e] += local[e];",
+     "moe_block column counts: per-block totals added to global memory without an atomic"),
+    ("041", "block_dx_gate_term", "missing-grad-term", "gpu/moe_block.cu", 1,
+     "out[i] = from_f32<D>(a[i] + to_f32(b[i]));",
+     "out[i] = from_f32<D>(to_f32(b[i]));",
+     "moe_block backward: d_x misses the gate (router) path's contribution"),
+    ("042", "block_ordered_sum_last_shard", "edge-size", "gpu/moe_block.cu", 1,
+     "for (int64_t k = 1; k < n_parts; ++k) acc += parts[k * stride + i];",
+     "for (int64_t k = 1; k + 1 < n_parts; ++k) acc += parts[k * stride + i];",
+     "moe_block backward: the gate-kernel gradient sum over shards drops the last shard"),
+    # ---- reference/ -----------------------------------------------------------------------------
+    ("043", "ref_topk_tie_index_desc", "tie-break", "reference/topk_router.cpp", 1,
+     "[&](int a, int b) { return v[a] > v[b]; });",
+     "[&](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a > b); });",
+     "reference router: exact ties broken by descending expert index"),
+    ("044", "ref_router_k2_not_normalised", "edge-size", "reference/topk_router.cpp", 1,
+     "if (K > 1) pe /= (pe.sum() + kEps);",
+     "if (K > 2) pe /= (pe.sum() + kEps);",
+     "reference router: sigmoid/sqrtsoftplus probs not normalised for K = 2"),
+    ("045", "ref_group_topk_one_short", "index", "reference/topk_router.cpp", 1,
+     "for (int64_t i = 0; i < p.group_topk; ++i) keep[order[i]] = true;",
+     "for (int64_t i = 0; i + 1 < p.group_topk; ++i) keep[order[i]] = true;",
+     "reference router: grouped selection keeps one group fewer than group_topk"),
+    ("046", "ref_dispatch_rid_ascending", "index", "reference/dispatch.cpp", 1,
+     "const auto [e, u] = slots[n - 1 - k];",
+     "const auto [e, u] = slots[k];",
+     "reference dispatch: row_id_map lists the experts ascending instead of descending"),
+    ("047", "ref_dispatch_pad_offset", "padding", "reference/dispatch.cpp", 1,
+     "const int64_t dst = u + pad_off[e];",
+     "const int64_t dst = u;",
+     "reference dispatch: rows placed without the alignment padding offsets"),
+    ("048", "ref_combine_bwd_no_grad_probs", "missing-grad-term", "reference/dispatch.cpp", 1,
+     "        gw(t, s.e) = x.row(s.row).dot(ct.row(t));\n",
+     "",
+     "reference combine backward: grad_merging_probs left zero"),
+    ("049", "ref_argsort_need_without_mod", "alignment", "reference/argsort.cpp", 1,
+     "need[e] = (a - count[e] % a) % a;",
+     "need[e] = (a - count[e] % a);",
+     "reference argsort dispatch: full extra padding block for counts already aligned"),
+    ("050", "ref_sort_chunks_tail_reversed", "padding", "reference/sort_chunks.cpp", 1,
+     "map.set(i, static_cast<double>(i));",
+     "map.set(i, static_cast<double>(num_rows - 1 - (i - V)));",
+     "reference sort_chunks: rows past the chunks reversed instead of fixed points (R1)"),
+    ("051", "ref_aux_scores_softmax_bwd", "missing-grad-term", "reference/aux_loss.cpp", 1,
+     "out = a * (g - (g * a).sum());",
+     "out = a * g;",
+     "reference aux_loss_scores backward: softmax Jacobian without the -sum(g*a) term"),
+    ("052", "ref_ffn_dx_missing_up", "missing-grad-term", "reference/swiglu_ffn.cpp", 1,
+     "g0.grad_x.at(i) + g1.grad_x.at(i)",
+     "g0.grad_x.at(i)",
+     "reference SwiGLU backward: grad_x misses the up projection's contribution"),
+    ("053", "ref_ep_out_offset_inclusive", "offset", "reference/ep.cpp", 1,
+     "for (int64_t i = 0; i < s; ++i) out_off[j]",
+     "for (int64_t i = 0; i <= s; ++i) out_off[j]",
+     "reference ragged_a2a_params: output offsets include the rank's own block"),
+    ("054", "ref_aux_kappa_one_division", "intermediate-dtype", "reference/aux_loss.cpp", 2,
+     "  kappa = kappa / static_cast<float>(p.total_num_tokens);\n",
+     "",
+     "reference moe_aux_loss: kappa divided by T_tot once instead of twice"),
+    # ---- harness/core/ --------------------------------------------------------------------------
+    ("055", "core_compare_nan_passes", "nan-handling", "harness/core/compare.cpp", 1,
+     "bad = nan_mismatch || inf_mismatch || diff > b;",
+     "bad = inf_mismatch || diff > b;",
+     "comparison: a NaN where a number is expected (or the reverse) passes a bounded compare"),
+    ("056", "core_compare_edge_exclusive", "tolerance-edge", "harness/core/compare.cpp", 1,
+     "bad = nan_mismatch || inf_mismatch || diff > b;",
+     "bad = nan_mismatch || inf_mismatch || diff >= b;",
+     "comparison: an error exactly at the bound fails (and exact results with bound 0 fail)"),
+    ("057", "core_round_ties_away", "rounding", "harness/core/dtype.cpp", 1,
+     "std::nearbyint(std::ldexp(x, -q))",
+     "std::round(std::ldexp(x, -q))",
+     "bf16/f16 rounding: ties away from zero instead of to even"),
+    ("058", "core_fd_central_step", "formula", "harness/core/finite_diff.cpp", 1,
+     "const double d1 = (eval(h) - eval(-h)) / (2 * h);",
+     "const double d1 = (eval(h) - eval(-h)) / h;",
+     "finite differences: the coarse central difference divided by h instead of 2h"),
+    ("059", "core_tol_elementwise_out_ulp", "intermediate-dtype", "harness/core/compare.cpp", 1,
+     "return ulp(out, ref) + 4.0 * ulp(DType::f32, ref)",
+     "return ulp(out, ref) + 4.0 * ulp(out, ref)",
+     "tolerance: the fp32 intermediate's 4 ulp measured in the output dtype (bf16: 65536x "
+     "looser)"),
+    ("060", "core_bitwise_equal_half", "edge-size", "harness/core/tensor.cpp", 1,
+     "std::memcmp(bytes_.data(), o.bytes_.data(), bytes_.size())",
+     "std::memcmp(bytes_.data(), o.bytes_.data(), bytes_.size() / 2)",
+     "Tensor::bitwise_equal (determinism checks) compares only the first half of the bytes"),
+    ("061", "core_ulp_subnormal", "edge-size", "harness/core/dtype.cpp", 1,
+     "return std::ldexp(1.0, std::max(e - 1, f.emin) - (f.precision - 1));",
+     "return std::ldexp(1.0, (e - 1) - (f.precision - 1));",
+     "ulp of a subnormal computed as if normal (too small: tolerances of tiny results shrink)"),
+]
+
+
+def run(cmd, cwd, **kw):
+    return subprocess.run(cmd, cwd=cwd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def main():
+    check_only = "--check" in sys.argv
+    root = run(["git", "rev-parse", "--show-toplevel"], os.getcwd()).strip()
+    outdir = os.path.join(root, "tests", "mutants")
+    ids = [m[0] for m in M]
+    assert len(ids) == len(set(ids)), "duplicate mutant ids"
+    tmp = tempfile.mkdtemp(prefix="mutants-")
+    try:
+        # A scratch clone of HEAD: the diffs name HEAD's blobs, and the real tree is untouched.
+        run(["git", "clone", "--quiet", "--shared", "--no-checkout", root, tmp], root)
+        run(["git", "checkout", "--quiet", run(["git", "rev-parse", "HEAD"], root).strip()], tmp)
+        bad = 0
+        index = []
+        patches = {}
+        for mid, name, cls, path, occ, old, new, desc in M:
+            full = os.path.join(tmp, path)
+            with open(full) as f:
+                text = f.read()
+            pos = -1
+            for _ in range(occ):
+                pos = text.find(old, pos + 1)
+                if pos < 0:
+                    break
+            if pos < 0:
+                print(f"{mid} {name}: occurrence {occ} of its text not found in {path}")
+                bad += 1
+                continue
+            with open(full, "w") as f:
+                f.write(text[:pos] + new + text[pos + len(old):])
+            diff = run(["git", "diff", "--", path], tmp)
+            run(["git", "checkout", "--quiet", "--", path], tmp)
+            if not diff:
+                print(f"{mid} {name}: empty diff")
+                bad += 1
+                continue
+            patches[f"{mid}_{name}.patch"] = diff
+            index.append(f"{mid}\t{cls}\t{path}\t{desc}")
+        if bad or check_only:
+            print(f"{len(M) - bad} of {len(M)} mutants found their text")
+            return 1 if bad else 0
+        for fn in os.listdir(outdir):
+            if fn.endswith(".patch"):
+                os.remove(os.path.join(outdir, fn))
+        for fn, diff in patches.items():
+            with open(os.path.join(outdir, fn), "w") as f:
+                f.write(diff)
+        with open(os.path.join(outdir, "INDEX"), "w") as f:
+            f.write("# id\tclass\tfile\tdescription (one mutant per line; patch: NNN_*.patch)\n")
+            f.write("\n".join(index) + "\n")
+        print(f"wrote {len(patches)} patches and INDEX to {outdir}")
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
