@@ -1,20 +1,93 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck (with leak check), racecheck and initcheck over the GPU tests of the
-# router family: tests/gpu/test_router_gpu.cpp and the registry suite's cases of topk_router,
-# aux_loss_scores and moe_aux_loss (tests/gpu/test_registry_gpu.cpp). Exits nonzero when a tool
-# reports any error or a test fails under it.
+# compute-sanitizer memcheck (with leak check), racecheck, initcheck and synccheck over the GPU
+# tests of one family of GPU ops (or all of them). Exits nonzero when a tool reports any error or
+# a test fails under it.
 #
-#   scripts/gpu_sanitize.sh [BUILD_DIR] [LOG_DIR]
+#   scripts/gpu_sanitize.sh [--family F] [--tools T1,T2] [--skip-code N] [BUILD_DIR] [LOG_DIR]
+#
+# Families and what runs (tests/gpu/*; RegistryGpu/<op> is the registry suite's random and named
+# cases of that op):
+#   router    GpuRouterWide, GpuRouterRegression, GpuRouterErrors, GpuRouterLimits.TooManyExperts,
+#             RegistryGpu/{topk_router, aux_loss_scores, moe_aux_loss}            (the default)
+#   dispatch  DispatchGpu{Ep,Regression,Errors,Determinism}, RegistryGpu/ of the ten permutation
+#             and EP ops
+#   gemm      GroupedGemmGpu, the GemmGpu tail-row cases, ChunkedGemmGpu small chunks, the sm90
+#             random shapes, GemmGpuErrors, RegistryGpu/{grouped_gemm, swiglu_expert_ffn}
+#   block     MoeBlockGpuRegression, InProcessCommunicatorGpu, RegistryGpu/moe_block random cases
+#   all       every family above, one after another
+# Tools default to all four. Left out everywhere: the >2^31-element tests (tens of GiB of shadow
+# memory), the 100k-row aux-loss test, the benchmarks and the fill-the-GPU determinism suite
+# (GpuDeterminism: the sanitizers check every kernel and launch path, not sizes; rapidcheck runs
+# a few small cases per property). SANITIZE_FILTER and SANITIZE_RC_PARAMS override the filter and
+# rapidcheck's parameters.
 #
 # BUILD_DIR defaults to build-gpu (it must hold moe_gpu_tests); logs go to LOG_DIR (default
-# BUILD_DIR/sanitize-router). Left out: the T*E > 2^31 test (tens of GiB, and the shadow memory of
-# memcheck on top) and the 100k-row aux-loss test; rapidcheck runs few cases per property, since
-# the tools check every kernel and launch path rather than the sample size. SANITIZE_FILTER and
-# SANITIZE_RC_PARAMS override the defaults.
+# BUILD_DIR/sanitize-FAMILY). Without a GPU or compute-sanitizer it exits 2, or the --skip-code
+# (the ctests of cmake/sanitize.cmake pass 77, their SKIP_RETURN_CODE).
 set -uo pipefail
 
-build=${1:-build-gpu}
-logs=${2:-$build/sanitize-router}
+family=router
+tools=memcheck,racecheck,initcheck,synccheck
+skip_code=2
+pos=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --family) family=$2; shift 2 ;;
+    --tools) tools=$2; shift 2 ;;
+    --skip-code) skip_code=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    *) pos+=("$1"); shift ;;
+  esac
+done
+build=${pos[0]:-build-gpu}
+logs=${pos[1]:-$build/sanitize-$family}
+
+if [[ $family == all ]]; then
+  status=0
+  for f in router dispatch gemm block; do
+    echo "== $f"
+    "$0" --family "$f" --tools "$tools" --skip-code "$skip_code" "$build" "$logs/$f"
+    rc=$?
+    [[ $rc -ne 0 ]] && status=$rc
+  done
+  exit $status
+fi
+
+router_ops="topk_router aux_loss_scores moe_aux_loss"
+dispatch_ops="token_dispatch token_combine sort_chunks_by_index routing_map_to_selected_experts
+argsort_token_dispatch argsort_token_combine ragged_a2a_params ragged_all_to_all
+local_permute_after_a2a local_unpermute_before_a2a"
+registry() {  # the registry suite's cases of the named ops
+  local f="" op
+  for op in $2; do f+=":AllGpuOps/RegistryGpu.$1/$op"; done
+  echo "$f"
+}
+case $family in
+  router)
+    default="GpuRouterWide.*:GpuRouterRegression.*:GpuRouterErrors.*:GpuRouterLimits.TooManyExperts*"
+    default+=$(registry '*' "$router_ops")
+    rc_params="seed=20261122 max_success=8 max_size=16" ;;
+  dispatch)
+    default="DispatchGpuEp.*:DispatchGpuRegression.*:DispatchGpuErrors.*:DispatchGpuDeterminism.*"
+    default+=$(registry '*' "$dispatch_ops")
+    rc_params="seed=20261122 max_success=6 max_size=12" ;;
+  gemm)
+    default="GroupedGemmGpu.*:*/GemmGpu.TailRowsAndEmptyGroupsAreExactlyZero/*"
+    default+=":ChunkedGemmGpu.SmallChunksMatchTheReference"
+    default+=":Sm90GemmGpu.RandomShapesRunOnTheKernelAndMatchTheReference:GemmGpuErrors.*"
+    default+=$(registry '*' "grouped_gemm swiglu_expert_ffn")
+    rc_params="seed=20261122 max_success=4 max_size=8" ;;
+  block)
+    # Racecheck covers moe_block's own kernels (per-expert column counts, casts, ordered sums)
+    # only through runs of the whole block, so small cases: the registry's random ones.
+    default="MoeBlockGpuRegression.*:InProcessCommunicatorGpu.*"
+    default+=$(registry 'RandomCasesMatchReference' moe_block)
+    rc_params="seed=20261122 max_success=4 max_size=8" ;;
+  *)
+    echo "gpu_sanitize: unknown family '$family' (router, dispatch, gemm, block, all)" >&2
+    exit 2 ;;
+esac
+
 bin="$build/moe_gpu_tests"
 if [[ ! -x "$bin" ]]; then
   echo "gpu_sanitize: $bin not found (build the moe_gpu_tests target first)" >&2
@@ -22,19 +95,22 @@ if [[ ! -x "$bin" ]]; then
 fi
 sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 if [[ ! -x "$sanitizer" ]]; then
-  echo "gpu_sanitize: compute-sanitizer not found (set COMPUTE_SANITIZER)" >&2
-  exit 2
+  echo "gpu_sanitize: SKIPPED, compute-sanitizer not found (set COMPUTE_SANITIZER)" >&2
+  exit "$skip_code"
 fi
-default="GpuRouterWide.*:GpuRouterRegression.*:GpuRouterErrors.*:GpuRouterLimits.TooManyExperts*"
-for op in topk_router aux_loss_scores moe_aux_loss; do default+=":AllGpuOps/RegistryGpu.*/$op"; done
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "gpu_sanitize: SKIPPED, no CUDA GPU visible (nvidia-smi -L lists none)" >&2
+  exit "$skip_code"
+fi
 filter=${SANITIZE_FILTER:-$default}
-export RC_PARAMS=${SANITIZE_RC_PARAMS:-"seed=20261122 max_success=8 max_size=16"}
-# Plain cudaMalloc/cudaFree (gpu/runtime.cu's buffer cache off), so the leak check sees real frees.
+export RC_PARAMS=${SANITIZE_RC_PARAMS:-$rc_params}
+# Plain cudaMalloc/cudaFree (gpu/runtime.cu's buffer cache off), so initcheck sees every fresh
+# buffer and the leak check sees real frees.
 export MOE_GPU_NO_CACHE=1
 mkdir -p "$logs"
 
 status=0
-for tool in memcheck racecheck initcheck; do
+for tool in ${tools//,/ }; do
   args=(--tool "$tool" --error-exitcode 86 --print-limit 20)
   [[ $tool == memcheck ]] && args+=(--leak-check full)
   log="$logs/$tool.log"
@@ -42,8 +118,13 @@ for tool in memcheck racecheck initcheck; do
   "$sanitizer" "${args[@]}" "$bin" --gtest_filter="$filter" >"$log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
-  passed=$(grep -E "^\[  PASSED  \]" "$log" | tail -1)
-  echo "$tool: exit $rc, $(($(date +%s) - start)) s, ${summary:-no summary}; ${passed:-no PASSED line}"
+  tests=$(grep -E "^\[  (PASSED|FAILED)  \]" "$log" | tr '\n' ' ')
+  echo "$family/$tool: exit $rc, $(($(date +%s) - start)) s, ${summary:-no summary}; ${tests:-no PASSED line}"
+  # A run with no test at all (a filter that matches nothing) proves nothing.
+  if [[ $rc -eq 0 ]] && ! grep -qE "^\[  PASSED  \] [1-9]" "$log"; then
+    echo "$family/$tool: no test ran (filter: $filter)"
+    rc=1
+  fi
   if [[ $rc -ne 0 ]]; then
     status=1
     grep -E "^=========" "$log" | head -40
