@@ -3,7 +3,7 @@
 # names them and exits 1 otherwise. Sourced by scripts/check.sh and scripts/test.sh.
 set -euo pipefail
 moe_pkgs=(cmake ninja-build g++ libeigen3-dev librapidcheck-dev nlohmann-json3-dev libgtest-dev
-          libgmock-dev libcli11-dev libbenchmark-dev python3 python3-pip)
+          libgmock-dev libcli11-dev libbenchmark-dev libdlpack-dev python3 python3-pip)
 missing=()
 for p in "${moe_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
