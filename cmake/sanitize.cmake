@@ -19,8 +19,8 @@ foreach(moe_san_family router dispatch gemm block)
     set(moe_san_name sanitize_${moe_san_family}_${moe_san_tool})
     add_test(NAME ${moe_san_name}
              COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/gpu_sanitize.sh --family ${moe_san_family}
-                     --tools ${moe_san_tool} --skip-code 77 ${CMAKE_BINARY_DIR}
-                     ${CMAKE_BINARY_DIR}/sanitize/${moe_san_family})
+                     --tools ${moe_san_tool} --skip-code 77 ${PROJECT_BINARY_DIR}
+                     ${PROJECT_BINARY_DIR}/sanitize/${moe_san_family})
     # Each sanitized run holds the GPU and a few cores (the CPU reference of every case).
     set_tests_properties(${moe_san_name} PROPERTIES LABELS sanitize SKIP_RETURN_CODE 77
                          TIMEOUT 2400 PROCESSORS 2 ENVIRONMENT MOE_GPU_NO_CACHE=1)
