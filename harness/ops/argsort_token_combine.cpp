@@ -9,6 +9,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/argsort.h"
 #include "reference/dispatch.h"
 
@@ -20,19 +21,9 @@ constexpr const char* kOp = "argsort_token_combine";
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = kOp;
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::all_to_one, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t E = *rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 16);
-    const bool zero_t = c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>();
-    const int64_t a = *rc::gen::element<int64_t>(0, 0, 1, 2, 3, 8, 16, 128);
-    c.set("T", zero_t ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 20));
-    c.set("E", E).set("topk", *rc::gen::inRange<int64_t>(1, E + 1)).set("align_size", a);
-    c.set("H", a >= 16 ? *rc::gen::element<int64_t>(1, 2, 3)
-                       : *rc::gen::element<int64_t>(1, 2, 3, 8, 16, 257));
+    Case c = draw_case(kOp, kRoutingRegimes);
+    draw_argsort_shape(c);
+    const int64_t E = c.i("E"), a = c.i("align_size");
     if (a == 0 && *rc::gen::element(false, false, true)) {
       c.set("roll_to_expert_id", *rc::gen::inRange<int64_t>(0, E));
     }
@@ -43,15 +34,11 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t a, DType w,
-          const std::string& name) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = 31;
-  c.set("name", name).set("T", T).set("E", E).set("topk", K).set("H", H).set("align_size", a);
-  c.set("weights_dtype", std::string(dtype_name(w)));
-  return c;
+CaseBuilder base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t a, DType w,
+                 const std::string& name) {
+  CaseBuilder b(kOp, d);
+  b.seed(31).name(name).set("T", T).set("E", E).set("topk", K).set("H", H).set("align_size", a);
+  return b.set("weights_dtype", std::string(dtype_name(w)));
 }
 
 std::vector<Case> named() {
@@ -260,10 +247,7 @@ nlohmann::json to_params(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const int64_t K = j.at("topk").get<int64_t>(), N = j.at("num_real_tokens").get<int64_t>();
   const int64_t P = j.at("padding_size").get<int64_t>();
   const Tensor& eo = in.at("input.expert_outputs");
@@ -279,19 +263,11 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
 
 const OpInfo& argsort_token_combine_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = kOp;
-    o.spec = "SPEC §8.3";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = run_reference;
+    OpInfo o =
+        op_info(kOp, "SPEC §8.3",
+                {gen, named, make_inputs, run_reference, invariants, cost, to_params, from_params});
     o.bound = bound;
     o.compare = compare_fn;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
     o.bench_cases = [] {
       return std::vector<Case>{base(DType::bf16, 16384, 8, 2, 4096, 0, DType::f32, "mixtral_t16k"),
                                base(DType::bf16, 4096, 64, 8, 2048, 16, DType::f32, "e64_a16")};

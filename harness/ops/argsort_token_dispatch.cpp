@@ -8,6 +8,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/argsort.h"
 #include "reference/dispatch.h"
 
@@ -19,19 +20,9 @@ constexpr const char* kOp = "argsort_token_dispatch";
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = kOp;
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::all_to_one, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t E = *rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 16);
-    const bool zero_t = c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>();
-    const int64_t a = *rc::gen::element<int64_t>(0, 0, 1, 2, 3, 8, 16, 128);
-    c.set("T", zero_t ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 20));
-    c.set("E", E).set("topk", *rc::gen::inRange<int64_t>(1, E + 1)).set("align_size", a);
-    c.set("H", a >= 16 ? *rc::gen::element<int64_t>(1, 2, 3)
-                       : *rc::gen::element<int64_t>(1, 2, 3, 8, 16, 257));
+    Case c = draw_case(kOp, kRoutingRegimes);
+    draw_argsort_shape(c);
+    const int64_t E = c.i("E"), a = c.i("align_size");
     // roll_to_expert_id: absent, 0, or (without padding, R9) any id.
     const int roll_kind = *rc::gen::element(0, 0, 1, 2);
     if (roll_kind == 1) c.set("roll_to_expert_id", int64_t{0});
@@ -40,13 +31,11 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t a, const std::string& name) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = 29;
-  c.set("name", name).set("T", T).set("E", E).set("topk", K).set("H", H).set("align_size", a);
-  return c;
+CaseBuilder base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t a,
+                 const std::string& name) {
+  CaseBuilder b(kOp, d);
+  b.seed(29).name(name).set("T", T).set("E", E).set("topk", K).set("H", H);
+  return b.set("align_size", a);
 }
 
 std::vector<Case> named() {
@@ -61,10 +50,8 @@ std::vector<Case> named() {
   v.push_back(base(DType::bf16, 64, 8, 2, 64, 16, "mixtral_a16"));
   v.push_back(base(DType::bf16, 32, 32, 8, 32, 0, "deepseek_like"));
   v.push_back(base(DType::f16, 24, 7, 3, 257, 8, "odd_sizes"));
-  v.push_back(base(DType::f32, 16, 4, 1, 8, 128, "all_to_one_a128"));
-  v.back().regime = Regime::all_to_one;
-  v.push_back(base(DType::f32, 0, 4, 2, 8, 16, "zero_tokens"));
-  v.back().regime = Regime::zero_tokens;
+  v.push_back(base(DType::f32, 16, 4, 1, 8, 128, "all_to_one_a128").regime(Regime::all_to_one));
+  v.push_back(base(DType::f32, 0, 4, 2, 8, 16, "zero_tokens").regime(Regime::zero_tokens));
   return v;
 }
 
@@ -255,14 +242,10 @@ nlohmann::json to_params(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const Tensor& x = in.at("input.x");
-  c.set("T", x.dim(0)).set("H", x.dim(1));
-  c.set("E", j.at("num_experts").get<int64_t>()).set("topk", j.at("topk").get<int64_t>());
-  c.set("align_size", j.at("align_size").get<int64_t>());
+  c.set("T", x.dim(0)).set("H", x.dim(1)).set("E", j.at("num_experts").get<int64_t>());
+  set_params<int64_t>(c, j, {"topk", "align_size"});
   if (!j.at("roll_to_expert_id").is_null()) {
     c.set("roll_to_expert_id", j.at("roll_to_expert_id").get<int64_t>());
   }
@@ -273,19 +256,11 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
 
 const OpInfo& argsort_token_dispatch_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = kOp;
-    o.spec = "SPEC §8.2";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = run_reference;
+    OpInfo o =
+        op_info(kOp, "SPEC §8.2",
+                {gen, named, make_inputs, run_reference, invariants, cost, to_params, from_params});
     o.bound = bound;
     o.compare = compare_fn;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
     o.bench_cases = [] {
       return std::vector<Case>{base(DType::bf16, 16384, 8, 2, 4096, 0, "mixtral_t16k"),
                                base(DType::bf16, 4096, 64, 8, 2048, 16, "e64_a16")};

@@ -7,6 +7,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/argsort.h"
 
 namespace moe::ops {
@@ -17,27 +18,16 @@ constexpr const char* kOp = "routing_map_to_selected_experts";
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = kOp;
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::all_to_one, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
+    Case c = draw_case(kOp, kRoutingRegimes);
     const int64_t E = *rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 16, 33);
-    const bool zero_t = c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>();
-    c.set("T", zero_t ? int64_t{0} : *rc::gen::inRange<int64_t>(1, 20));
+    c.set("T", draw_tokens(draw_no_rows(c)));
     c.set("E", E).set("topk", *rc::gen::inRange<int64_t>(1, E + 1));
     return c;
   });
 }
 
-Case base(DType d, int64_t T, int64_t E, int64_t K, const std::string& name) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = 23;
-  c.set("name", name).set("T", T).set("E", E).set("topk", K);
-  return c;
+CaseBuilder base(DType d, int64_t T, int64_t E, int64_t K, const std::string& name) {
+  return CaseBuilder(kOp, d).seed(23).name(name).set("T", T).set("E", E).set("topk", K);
 }
 
 std::vector<Case> named() {
@@ -45,8 +35,7 @@ std::vector<Case> named() {
   v.push_back(base(DType::f32, 64, 8, 2, "mixtral"));
   v.push_back(base(DType::bf16, 32, 256, 8, "deepseek_v3"));
   v.push_back(base(DType::f32, 8, 7, 7, "k_equals_e"));
-  v.push_back(base(DType::f32, 0, 8, 2, "zero_tokens"));
-  v.back().regime = Regime::zero_tokens;
+  v.push_back(base(DType::f32, 0, 8, 2, "zero_tokens").regime(Regime::zero_tokens));
   return v;
 }
 
@@ -137,10 +126,7 @@ Cost cost(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const Tensor& probs = in.at("input.sparse_probs");
   c.set("T", probs.dim(0)).set("E", probs.dim(1)).set("topk", j.at("topk").get<int64_t>());
   return c;
@@ -150,21 +136,11 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
 
 const OpInfo& routing_map_to_selected_experts_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = kOp;
-    o.spec = "SPEC §8.1";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = run_reference;
-    o.bound = [](const Case&, const std::string& key, const TensorMap&, const TensorMap& want) {
-      return Tensor(DType::f64, want.at(key).shape());  // exact
-    };
+    OpInfo o = op_info(kOp, "SPEC §8.1",
+                       {gen, named, make_inputs, run_reference, invariants, cost,
+                        [](const Case& c) { return int_params(c, {"topk"}); }, from_params});
+    o.bound = exact_bound;
     o.compare = compare_fn;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = [](const Case& c) { return nlohmann::json{{"topk", c.i("topk")}}; };
-    o.from_params = from_params;
     o.bench_cases = [] {
       return std::vector<Case>{base(DType::f32, 65536, 256, 8, "deepseek_v3_t64k")};
     };

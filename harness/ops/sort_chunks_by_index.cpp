@@ -11,6 +11,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/sort_chunks.h"
 
 namespace moe::ops {
@@ -21,11 +22,7 @@ constexpr const char* kOp = "sort_chunks_by_index";
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = kOp;
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime = *rc::gen::element(Regime::uniform, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
+    Case c = draw_case(kOp, {Regime::uniform, Regime::zero_tokens});
     const int64_t C = *rc::gen::inRange<int64_t>(1, 9);
     std::vector<int64_t> split(C);
     for (auto& s : split) {
@@ -48,16 +45,12 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(DType d, int64_t N, int64_t H, const std::string& split, const std::string& order,
-          const std::string& name) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = 19;
-  c.set("name", name).set("N_rows", N).set("H", H).set("split_sizes", split);
-  c.set("sorted_indices", order).set("split_dtype", "int32").set("probs_dtype", "none");
-  c.set("x_fill", "normal");
-  return c;
+CaseBuilder base(DType d, int64_t N, int64_t H, const std::string& split, const std::string& order,
+                 const std::string& name) {
+  CaseBuilder b(kOp, d);
+  b.seed(19).name(name).set("N_rows", N).set("H", H).set("split_sizes", split);
+  b.set("sorted_indices", order).set("split_dtype", "int32").set("probs_dtype", "none");
+  return b.set("x_fill", "normal");
 }
 
 std::vector<Case> named() {
@@ -213,10 +206,7 @@ Cost cost(const Case& c) {
 }
 
 Case from_params(const nlohmann::json&, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const Tensor& x = in.at("input.x");
   const Tensor& st = in.at("input.split_sizes");
   const Tensor& ot = in.at("input.sorted_indices");
@@ -243,28 +233,16 @@ std::vector<Case> bench_cases() {
 
 const OpInfo& sort_chunks_by_index_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = kOp;
-    o.spec = "SPEC §7";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = run_reference;
-    o.bound = [](const Case&, const std::string& key, const TensorMap&, const TensorMap& want) {
-      return Tensor(DType::f64, want.at(key).shape());  // exact
-    };
+    OpInfo o =
+        op_info(kOp, "SPEC §7",
+                {gen, named, make_inputs, run_reference, invariants, cost, no_params, from_params});
+    o.bound = exact_bound;
     o.compare = compare_fn;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = [](const Case&) { return nlohmann::json::object(); };
-    o.from_params = from_params;
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
-    o.gpu = sort_chunks_by_index_gpu;
-    o.gpu_bench = sort_chunks_by_index_gpu_bench;
-    o.gpu_bench_device = sort_chunks_by_index_gpu_bench_device;
-    o.bench_verify_case = sort_chunks_bench_verify_case;
-    o.bench_cases = sort_chunks_by_index_gpu_bench_cases;
+    set_gpu(o, {sort_chunks_by_index_gpu, sort_chunks_by_index_gpu_bench,
+                sort_chunks_by_index_gpu_bench_device, sort_chunks_bench_verify_case,
+                sort_chunks_by_index_gpu_bench_cases});
 #endif
     return o;
   }();

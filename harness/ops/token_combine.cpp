@@ -12,6 +12,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/dispatch.h"
 
 namespace moe::ops {
@@ -22,19 +23,12 @@ constexpr const char* kOp = "token_combine";
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = kOp;
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::all_to_one, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t E = *rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 16);
+    Case c = draw_case(kOp, kRoutingRegimes);
+    const int64_t E = draw_experts();
     const int64_t K = *rc::gen::inRange<int64_t>(0, E + 1);
-    const bool zero_t = c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>();
-    const int64_t T = zero_t ? 0 : *rc::gen::inRange<int64_t>(1, 20);
-    const int64_t a = *rc::gen::element<int64_t>(0, 0, 1, 2, 3, 8, 16, 128);
-    const int64_t H = a >= 16 ? *rc::gen::element<int64_t>(1, 2, 3)
-                              : *rc::gen::element<int64_t>(1, 2, 3, 8, 16, 257);
+    const int64_t T = draw_tokens(draw_no_rows(c));
+    const int64_t a = draw_align_size();
+    const int64_t H = draw_hidden(a);
     c.set("T", T).set("E", E).set("K", K).set("H", H);
     c.set("ragged", *rc::gen::arbitrary<bool>());
     c.set("num_out_tokens", T * K + *rc::gen::element<int64_t>(0, 0, 1, 5));
@@ -45,15 +39,11 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t n_out, int64_t a,
-          const std::string& merging, const std::string& name) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = 17;
-  c.set("name", name).set("T", T).set("E", E).set("K", K).set("H", H).set("ragged", false);
-  c.set("num_out_tokens", n_out).set("align_size", a).set("merging_dtype", merging);
-  return c;
+CaseBuilder base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t n_out, int64_t a,
+                 const std::string& merging, const std::string& name) {
+  CaseBuilder b(kOp, d);
+  b.seed(17).name(name).set("T", T).set("E", E).set("K", K).set("H", H).set("ragged", false);
+  return b.set("num_out_tokens", n_out).set("align_size", a).set("merging_dtype", merging);
 }
 
 std::vector<Case> named() {
@@ -70,8 +60,8 @@ std::vector<Case> named() {
   v.push_back(
       base(DType::f16, 24, 7, 3, 257, 80, 0, "float16", "odd_ragged_tail").set("ragged", true));
   v.push_back(base(DType::f32, 12, 6, 6, 4, 72, 4, "float32", "k_equals_e"));
-  v.push_back(base(DType::f32, 0, 4, 2, 8, 0, 16, "float32", "zero_tokens"));
-  v.back().regime = Regime::zero_tokens;
+  v.push_back(
+      base(DType::f32, 0, 4, 2, 8, 0, 16, "float32", "zero_tokens").regime(Regime::zero_tokens));
   return v;
 }
 
@@ -280,10 +270,7 @@ OpInfo::Bench with_routed_bytes(const Case& c, OpInfo::Bench b) {
 #endif
 
 Case from_params(const nlohmann::json&, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const Tensor& x = in.at("input.permuted");
   const Tensor& rim = in.at("input.row_id_map");
   const int64_t T = rim.dim(0), E = (rim.dim(1) - 1) / 2;
@@ -313,30 +300,17 @@ std::vector<Case> bench_cases() {
 
 const OpInfo& token_combine_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = kOp;
-    o.spec = "SPEC §5";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = run_reference;
+    OpInfo o =
+        op_info(kOp, "SPEC §5",
+                {gen, named, make_inputs, run_reference, invariants, cost, no_params, from_params});
     o.bound = bound;
     o.compare = compare_fn;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = [](const Case&) { return nlohmann::json::object(); };
-    o.from_params = from_params;
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
-    o.gpu = token_combine_gpu;
-    o.gpu_bench = [](const Case& c, const TensorMap& in) {
-      return with_routed_bytes(c, token_combine_gpu_bench(c, in));
-    };
-    o.gpu_bench_device = [](const Case& c) {
-      return with_routed_bytes(c, token_combine_gpu_bench_device(c));
-    };
-    o.bench_verify_case = dispatch_bench_verify_case;
-    o.bench_cases = token_combine_gpu_bench_cases;
+    set_gpu(
+        o, adjust_bench({token_combine_gpu, token_combine_gpu_bench, token_combine_gpu_bench_device,
+                         dispatch_bench_verify_case, token_combine_gpu_bench_cases},
+                        with_routed_bytes));
 #endif
     return o;
   }();

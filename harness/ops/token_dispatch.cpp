@@ -12,6 +12,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/dispatch.h"
 
 namespace moe::ops {
@@ -22,20 +23,13 @@ constexpr const char* kOp = "token_dispatch";
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = kOp;
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::all_to_one, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t E = *rc::gen::element<int64_t>(1, 2, 3, 4, 5, 7, 8, 16);
+    Case c = draw_case(kOp, kRoutingRegimes);
+    const int64_t E = draw_experts();
     const int64_t K = *rc::gen::inRange<int64_t>(0, E + 1);
-    const bool zero_t = c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>();
-    const int64_t T = zero_t ? 0 : *rc::gen::inRange<int64_t>(1, 20);
-    const int64_t a = *rc::gen::element<int64_t>(0, 0, 1, 2, 3, 8, 16, 128);
+    const int64_t T = draw_tokens(draw_no_rows(c));
+    const int64_t a = draw_align_size();
     // Keep R_out*H small: the finite-difference loss sums over every element many times.
-    const int64_t H = a >= 16 ? *rc::gen::element<int64_t>(1, 2, 3)
-                              : *rc::gen::element<int64_t>(1, 2, 3, 8, 16, 257);
+    const int64_t H = draw_hidden(a);
     const bool drop = a == 0 && *rc::gen::element(false, false, false, true);
     const int64_t routed_max = T * K;
     const int64_t n_out = drop ? *rc::gen::inRange<int64_t>(0, routed_max + 1)
@@ -51,16 +45,12 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t n_out, int64_t a,
-          const std::string& name) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = 11;
-  c.set("name", name).set("T", T).set("E", E).set("K", K).set("H", H).set("ragged", false);
-  c.set("num_out_tokens", n_out).set("align_size", a).set("drop_overflow", false);
-  c.set("probs_dtype", "none").set("zero_probs", int64_t{0});
-  return c;
+CaseBuilder base(DType d, int64_t T, int64_t E, int64_t K, int64_t H, int64_t n_out, int64_t a,
+                 const std::string& name) {
+  CaseBuilder b(kOp, d);
+  b.seed(11).name(name).set("T", T).set("E", E).set("K", K).set("H", H).set("ragged", false);
+  b.set("num_out_tokens", n_out).set("align_size", a).set("drop_overflow", false);
+  return b.set("probs_dtype", "none").set("zero_probs", int64_t{0});
 }
 
 std::vector<Case> named() {
@@ -88,14 +78,12 @@ std::vector<Case> named() {
   v.push_back(base(DType::f16, 24, 7, 3, 257, 80, 0, "odd_ragged_tail")
                   .set("ragged", true)
                   .set("probs_dtype", "float16"));
-  v.push_back(base(DType::f32, 16, 4, 1, 8, 16, 128, "all_to_one_a128"));
-  v.back().regime = Regime::all_to_one;
-  v.push_back(base(DType::bf16, 32, 16, 2, 8, 64, 8, "skewed_empty_experts"));
-  v.back().regime = Regime::skewed;
-  v.push_back(base(DType::f32, 0, 4, 2, 8, 0, 0, "zero_tokens"));
-  v.back().regime = Regime::zero_tokens;
-  v.push_back(base(DType::f32, 0, 4, 2, 8, 0, 16, "zero_tokens_padded"));
-  v.back().regime = Regime::zero_tokens;
+  v.push_back(base(DType::f32, 16, 4, 1, 8, 16, 128, "all_to_one_a128").regime(Regime::all_to_one));
+  v.push_back(
+      base(DType::bf16, 32, 16, 2, 8, 64, 8, "skewed_empty_experts").regime(Regime::skewed));
+  v.push_back(base(DType::f32, 0, 4, 2, 8, 0, 0, "zero_tokens").regime(Regime::zero_tokens));
+  v.push_back(
+      base(DType::f32, 0, 4, 2, 8, 0, 16, "zero_tokens_padded").regime(Regime::zero_tokens));
   v.push_back(base(DType::f32, 12, 6, 6, 4, 72, 4, "k_equals_e"));
   return v;
 }
@@ -432,10 +420,7 @@ nlohmann::json to_params(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = kOp;
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const Tensor& x = in.at("input.x");
   const Tensor& map = in.at("input.routing_map");
   const int64_t T = x.dim(0), E = map.dim(1);
@@ -447,9 +432,8 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
     kmin = std::min(kmin, n);
   }
   c.set("T", T).set("E", E).set("H", x.dim(1)).set("K", kmax).set("ragged", T > 0 && kmin != kmax);
-  c.set("num_out_tokens", j.at("num_out_tokens").get<int64_t>());
-  c.set("align_size", j.at("align_size").get<int64_t>());
-  c.set("drop_overflow", j.at("drop_overflow").get<bool>());
+  set_params<int64_t>(c, j, {"num_out_tokens", "align_size"});
+  set_params<bool>(c, j, {"drop_overflow"});
   const Tensor* probs = find_tensor(in, "input.probs");
   c.set("probs_dtype", probs ? std::string(dtype_name(probs->dtype())) : std::string("none"));
   int64_t zeros = 0;
@@ -472,31 +456,18 @@ std::vector<Case> bench_cases() {
 
 const OpInfo& token_dispatch_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = kOp;
-    o.spec = "SPEC §4";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = run_reference;
+    OpInfo o =
+        op_info(kOp, "SPEC §4",
+                {gen, named, make_inputs, run_reference, invariants, cost, to_params, from_params});
     o.bound = bound;
     o.compare = compare_fn;
-    o.invariants = invariants;
     o.fd_masks = fd_masks;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
-    o.gpu = token_dispatch_gpu;
-    o.gpu_bench = [](const Case& c, const TensorMap& in) {
-      return with_routed_bytes(c, token_dispatch_gpu_bench(c, in));
-    };
-    o.gpu_bench_device = [](const Case& c) {
-      return with_routed_bytes(c, token_dispatch_gpu_bench_device(c));
-    };
-    o.bench_verify_case = dispatch_bench_verify_case;
-    o.bench_cases = token_dispatch_gpu_bench_cases;
+    set_gpu(o, adjust_bench(
+                   {token_dispatch_gpu, token_dispatch_gpu_bench, token_dispatch_gpu_bench_device,
+                    dispatch_bench_verify_case, token_dispatch_gpu_bench_cases},
+                   with_routed_bytes));
 #endif
     return o;
   }();
