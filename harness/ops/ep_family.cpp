@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 
 namespace moe::ops {
 
@@ -63,6 +64,43 @@ int64_t ep_pre_rows(int64_t E, int64_t N, int64_t a) {
 
 int64_t ep_recv_rows(int64_t P, int64_t E, int64_t N, int64_t a) {
   return a > 0 ? P * N + E * (a - 1) : P * N;
+}
+
+int64_t local_perm_rows(const Case& c) {
+  return c.i(
+      "R", ep_recv_rows(c.i("num_ep"), c.i("E"), c.i("N"), c.i("align_size", 0)) + c.i("slack", 0));
+}
+
+rc::Gen<Case> local_perm_gen(const std::string& op) {
+  return rc::gen::exec([op] {
+    Case c = draw_case(op, kSizeRegimes);
+    draw_ep_experts(c);
+    c.set("N", *any_in(0, 16)).set("H", *any_in(1, 5));
+    c.set("align_size", draw_ep_align_size());
+    c.set("slack", *rc::gen::element<int64_t>(0, 0, 5));
+    return c;
+  });
+}
+
+Cost local_perm_cost(const Case& c) {
+  const double P = static_cast<double>(c.i("num_ep")), H = static_cast<double>(c.i("H"));
+  const double R = static_cast<double>(local_perm_rows(c));
+  const double e = static_cast<double>(dtype_size(c.dtype));
+  Cost k;
+  k.fwd_bytes = P * R * (2 * H * e + 4);
+  k.bwd_bytes = P * R * (2 * H * e + 4);
+  return k;
+}
+
+nlohmann::json ep_params(const Case& c) {
+  return int_params(c, {"num_ep"});
+}
+
+Case local_perm_case(const std::string& op, uint64_t seed, const std::string& name, DType d,
+                     int64_t P, int64_t E, int64_t N, int64_t H, int64_t a) {
+  CaseBuilder b(op, d);
+  b.seed(seed).name(name).set("num_ep", P).set("E", E).set("N", N).set("H", H);
+  return b.set("align_size", a).set("slack", int64_t{0});
 }
 
 Tensor abs_f64(const Tensor& t) {

@@ -33,6 +33,18 @@ Tensor make_ep_counts(const Case& c, int64_t P, int64_t E, int64_t N, int64_t al
 int64_t ep_pre_rows(int64_t E, int64_t N, int64_t a);
 int64_t ep_recv_rows(int64_t P, int64_t E, int64_t N, int64_t a);
 
+// The local (un)permute records (§9.4): receive-buffer rows R of a case (key R when set, else R
+// of §9.5 for N rows per rank plus `slack` tail rows), and their random case and named-case start.
+int64_t local_perm_rows(const Case& c);
+rc::Gen<Case> local_perm_gen(const std::string& op);
+Case local_perm_case(const std::string& op, uint64_t seed, const std::string& name, DType d,
+                     int64_t P, int64_t E, int64_t N, int64_t H, int64_t a);
+// Both move every row of the buffer and its map entry, forward and backward.
+Cost local_perm_cost(const Case& c);
+
+// The params object {"num_ep": P} of the EP data-movement records.
+nlohmann::json ep_params(const Case& c);
+
 // |t| element-wise, in f64.
 Tensor abs_f64(const Tensor& t);
 

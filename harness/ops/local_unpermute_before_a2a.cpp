@@ -7,6 +7,7 @@
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/ep.h"
 #include "reference/sort_chunks.h"
 
@@ -14,36 +15,10 @@ namespace moe::ops {
 
 namespace {
 
-int64_t recv_rows_of(const Case& c) {
-  return c.i(
-      "R", ep_recv_rows(c.i("num_ep"), c.i("E"), c.i("N"), c.i("align_size", 0)) + c.i("slack", 0));
-}
-
-rc::Gen<Case> gen() {
-  return rc::gen::exec([] {
-    Case c;
-    c.op = "local_unpermute_before_a2a";
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t P = *rc::gen::element<int64_t>(1, 2, 3, 4, 8);
-    c.set("num_ep", P).set("E", P * *any_in(1, 4));
-    c.set("N", *any_in(0, 16)).set("H", *any_in(1, 5));
-    c.set("align_size", *rc::gen::element<int64_t>(0, 0, 1, 4));
-    c.set("slack", *rc::gen::element<int64_t>(0, 0, 5));
-    return c;
-  });
-}
+constexpr const char* kOp = "local_unpermute_before_a2a";
 
 Case base(const std::string& name, DType d, int64_t P, int64_t E, int64_t N, int64_t H, int64_t a) {
-  Case c;
-  c.op = "local_unpermute_before_a2a";
-  c.dtype = d;
-  c.seed = 19;
-  c.set("name", name).set("num_ep", P).set("E", E).set("N", N).set("H", H).set("align_size", a);
-  c.set("slack", int64_t{0});
-  return c;
+  return local_perm_case(kOp, 19, name, d, P, E, N, H, a);
 }
 
 std::vector<Case> named() {
@@ -56,7 +31,7 @@ std::vector<Case> named() {
 }
 
 TensorMap make_inputs(const Case& c) {
-  const int64_t P = c.i("num_ep"), E = c.i("E"), H = c.i("H"), R = recv_rows_of(c);
+  const int64_t P = c.i("num_ep"), E = c.i("E"), H = c.i("H"), R = local_perm_rows(c);
   const Tensor A = make_ep_counts(c, P, E, c.i("N"), c.i("align_size", 0), "counts");
   std::vector<Tensor> maps;
   for (int64_t s = 0; s < P; ++s) {
@@ -116,15 +91,8 @@ std::vector<std::string> invariants(const Case& c, const TensorMap& in, const Te
   return bad.take();
 }
 
-nlohmann::json to_params(const Case& c) {
-  return {{"num_ep", c.i("num_ep")}};
-}
-
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = "local_unpermute_before_a2a";
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder(kOp, d).seed(seed);
   const Tensor& y = in.at("input.expert_outputs");
   const int64_t P = j.at("num_ep").get<int64_t>();
   c.set("num_ep", P).set("E", P).set("N", int64_t{0}).set("H", y.dim(2));
@@ -132,31 +100,13 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
   return c;
 }
 
-Cost cost(const Case& c) {
-  const double P = static_cast<double>(c.i("num_ep")), H = static_cast<double>(c.i("H"));
-  const double R = static_cast<double>(recv_rows_of(c));
-  const double e = static_cast<double>(dtype_size(c.dtype));
-  Cost k;
-  k.fwd_bytes = P * R * (2 * H * e + 4);
-  k.bwd_bytes = P * R * (2 * H * e + 4);
-  return k;
-}
-
 }  // namespace
 
 const OpInfo& local_unpermute_before_a2a_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = "local_unpermute_before_a2a";
-    o.spec = "SPEC §9.4";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = reference;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
+    OpInfo o = op_info(kOp, "SPEC §9.4",
+                       {[] { return local_perm_gen(kOp); }, named, make_inputs, reference,
+                        invariants, local_perm_cost, ep_params, from_params});
 #ifdef MOE_WITH_CUDA
     o.gpu = local_unpermute_before_a2a_gpu;
 #endif

@@ -5,6 +5,7 @@
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/ep.h"
 
 namespace moe::ops {
@@ -13,29 +14,21 @@ namespace {
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = "ragged_a2a_params";
-    c.dtype = DType::f32;  // no float tensors; kept at the default
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t P = *rc::gen::element<int64_t>(1, 2, 3, 4, 8);
-    c.set("num_ep", P).set("E", P * *any_in(1, 4));
+    // No float tensors: the dtype stays at the default.
+    Case c = draw_case("ragged_a2a_params", DType::f32, kSizeRegimes);
+    draw_ep_experts(c);
     c.set("N", *any_in(0, 40));
-    c.set("align_size", *rc::gen::element<int64_t>(0, 0, 1, 4));
+    c.set("align_size", draw_ep_align_size());
     c.set("direction", *rc::gen::element<std::string>("forward", "reverse"));
     return c;
   });
 }
 
-Case base(const std::string& name, int64_t P, int64_t E, int64_t N, int64_t a,
-          const std::string& dir) {
-  Case c;
-  c.op = "ragged_a2a_params";
-  c.seed = 11;
-  c.set("name", name).set("num_ep", P).set("E", E).set("N", N).set("align_size", a);
-  c.set("direction", dir);
-  return c;
+CaseBuilder base(const std::string& name, int64_t P, int64_t E, int64_t N, int64_t a,
+                 const std::string& dir) {
+  CaseBuilder b("ragged_a2a_params");
+  b.seed(11).name(name).set("num_ep", P).set("E", E).set("N", N).set("align_size", a);
+  return b.set("direction", dir);
 }
 
 std::vector<Case> named() {
@@ -47,8 +40,7 @@ std::vector<Case> named() {
   }
   v.push_back(base("p1_identity", 1, 5, 9, 0, "forward"));
   v.push_back(base("zero_rows", 4, 8, 0, 0, "forward"));
-  v.push_back(base("all_to_one", 4, 8, 20, 4, "forward"));
-  v.back().regime = Regime::all_to_one;
+  v.push_back(base("all_to_one", 4, 8, 20, 4, "forward").regime(Regime::all_to_one));
   return v;
 }
 
@@ -139,13 +131,10 @@ nlohmann::json to_params(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = "ragged_a2a_params";
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder("ragged_a2a_params", d).seed(seed);
   const Tensor& A = in.at("input.all_shards_tokens_per_expert");
-  c.set("num_ep", j.at("num_ep").get<int64_t>()).set("E", A.dim(1));
-  c.set("direction", j.at("direction").get<std::string>());
+  set_params<int64_t>(c, j, {"num_ep"}).set("E", A.dim(1));
+  set_params<std::string>(c, j, {"direction"});
   int64_t n = 0;
   for (int64_t i = 0; i < A.dim(0); ++i) {
     int64_t row = 0;
@@ -167,17 +156,9 @@ Cost cost(const Case& c) {
 
 const OpInfo& ragged_a2a_params_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = "ragged_a2a_params";
-    o.spec = "SPEC §9.2";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = reference;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
+    OpInfo o =
+        op_info("ragged_a2a_params", "SPEC §9.2",
+                {gen, named, make_inputs, reference, invariants, cost, to_params, from_params});
 #ifdef MOE_WITH_CUDA
     o.gpu = ragged_a2a_params_gpu;
 #endif

@@ -7,6 +7,7 @@
 #include "harness/ops/dispatch_family_gpu.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/ep.h"
 
 namespace moe::ops {
@@ -31,16 +32,10 @@ Rows rows(const Case& c) {
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = "ragged_all_to_all";
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t P = *rc::gen::element<int64_t>(1, 2, 3, 4, 8);
-    c.set("num_ep", P).set("E", P * *any_in(1, 4));
+    Case c = draw_case("ragged_all_to_all", kSizeRegimes);
+    draw_ep_experts(c);
     c.set("N", *any_in(0, 24)).set("H", *any_in(1, 6));
-    c.set("align_size", *rc::gen::element<int64_t>(0, 0, 1, 4));
+    c.set("align_size", draw_ep_align_size());
     c.set("slack", *rc::gen::element<int64_t>(0, 0, 3));
     c.set("direction", *rc::gen::element<std::string>("forward", "reverse"));
     c.set("output_init", *rc::gen::element<std::string>("zeros", "random"));
@@ -48,27 +43,22 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(const std::string& name, DType d, int64_t P, int64_t E, int64_t N, int64_t H, int64_t a,
-          const std::string& dir) {
-  Case c;
-  c.op = "ragged_all_to_all";
-  c.dtype = d;
-  c.seed = 13;
-  c.set("name", name).set("num_ep", P).set("E", E).set("N", N).set("H", H).set("align_size", a);
-  c.set("slack", int64_t{0}).set("direction", dir).set("output_init", "zeros");
-  return c;
+CaseBuilder base(const std::string& name, DType d, int64_t P, int64_t E, int64_t N, int64_t H,
+                 int64_t a, const std::string& dir) {
+  CaseBuilder b("ragged_all_to_all", d);
+  b.seed(13).name(name).set("num_ep", P).set("E", E).set("N", N).set("H", H).set("align_size", a);
+  return b.set("slack", int64_t{0}).set("direction", dir).set("output_init", "zeros");
 }
 
 std::vector<Case> named() {
   std::vector<Case> v;
   // R3 shape per EP group: P = 2, E = 8, 32 rows per rank, a = 16, H = 32.
   v.push_back(base("R3_forward", DType::bf16, 2, 8, 32, 32, 16, "forward"));
-  v.push_back(base("R3_reverse", DType::bf16, 2, 8, 32, 32, 16, "reverse"));
-  v.back().regime = Regime::skewed;
+  v.push_back(base("R3_reverse", DType::bf16, 2, 8, 32, 32, 16, "reverse").regime(Regime::skewed));
   v.push_back(
       base("p4_random_init", DType::f32, 4, 8, 12, 5, 0, "forward").set("output_init", "random"));
-  v.push_back(base("p8_all_to_one", DType::f16, 8, 8, 6, 3, 2, "forward"));
-  v.back().regime = Regime::all_to_one;
+  v.push_back(
+      base("p8_all_to_one", DType::f16, 8, 8, 6, 3, 2, "forward").regime(Regime::all_to_one));
   v.push_back(base("zero_rows", DType::f32, 4, 4, 0, 3, 0, "forward"));
   return v;
 }
@@ -204,15 +194,8 @@ std::vector<std::string> invariants(const Case& c, const TensorMap& in, const Te
   return bad.take();
 }
 
-nlohmann::json to_params(const Case& c) {
-  return {{"num_ep", c.i("num_ep")}};
-}
-
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = "ragged_all_to_all";
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder("ragged_all_to_all", d).seed(seed);
   const Tensor& op = in.at("input.operand");
   const Tensor& init = in.at("input.output_init");
   const int64_t P = j.at("num_ep").get<int64_t>();
@@ -238,17 +221,9 @@ Cost cost(const Case& c) {
 
 const OpInfo& ragged_all_to_all_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = "ragged_all_to_all";
-    o.spec = "SPEC §9.3";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = reference;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
+    OpInfo o =
+        op_info("ragged_all_to_all", "SPEC §9.3",
+                {gen, named, make_inputs, reference, invariants, cost, ep_params, from_params});
 #ifdef MOE_WITH_CUDA
     o.gpu = ragged_all_to_all_gpu;
 #endif
