@@ -14,6 +14,7 @@
 #include "harness/ops/ffn_family_gpu.h"
 #endif
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/grouped_gemm.h"
 
 namespace moe::ops {
@@ -22,14 +23,8 @@ namespace {
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = "grouped_gemm";
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t M =
-        c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>() ? 0 : *any_in(1, 24);
+    Case c = draw_case("grouped_gemm", kSizeRegimes);
+    const int64_t M = draw_no_rows(c) ? 0 : *any_in(1, 24);
     c.set("G", *any_in(1, 6)).set("M_total", M);
     c.set("K_d", *any_in(1, 9)).set("N", *any_in(1, 9));
     c.set("tail", M == 0 ? int64_t{0} : *any_in(0, M + 1) / 2);
@@ -38,23 +33,18 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(const std::string& name, DType d, int64_t G, int64_t M, int64_t K, int64_t N,
-          int64_t tail, bool bias) {
-  Case c;
-  c.op = "grouped_gemm";
-  c.dtype = d;
-  c.seed = 23;
-  c.set("name", name).set("G", G).set("M_total", M).set("K_d", K).set("N", N);
-  c.set("tail", tail).set("bias", bias);
-  return c;
+CaseBuilder base(const std::string& name, DType d, int64_t G, int64_t M, int64_t K, int64_t N,
+                 int64_t tail, bool bias) {
+  CaseBuilder b("grouped_gemm", d);
+  b.seed(23).name(name).set("G", G).set("M_total", M).set("K_d", K).set("N", N);
+  return b.set("tail", tail).set("bias", bias);
 }
 
 std::vector<Case> named() {
   std::vector<Case> v;
-  v.push_back(base("empty_groups", DType::bf16, 8, 40, 16, 24, 5, true));
-  v.back().regime = Regime::zero_tokens;
-  v.push_back(base("all_to_one", DType::f32, 4, 33, 8, 8, 0, false));
-  v.back().regime = Regime::all_to_one;
+  v.push_back(
+      base("empty_groups", DType::bf16, 8, 40, 16, 24, 5, true).regime(Regime::zero_tokens));
+  v.push_back(base("all_to_one", DType::f32, 4, 33, 8, 8, 0, false).regime(Regime::all_to_one));
   v.push_back(base("zero_rows", DType::f32, 3, 0, 4, 5, 0, true));
   v.push_back(base("odd_f16", DType::f16, 7, 257, 13, 9, 17, true));
   v.push_back(base("mixtral_like", DType::bf16, 8, 512, 64, 128, 0, false));
@@ -185,15 +175,8 @@ std::vector<std::string> invariants(const Case& c, const TensorMap& in, const Te
   return bad.take();
 }
 
-nlohmann::json to_params(const Case&) {
-  return nlohmann::json::object();
-}
-
 Case from_params(const nlohmann::json&, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = "grouped_gemm";
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder("grouped_gemm", d).seed(seed);
   const Tensor& x = in.at("input.x");
   const Tensor& w = in.at("input.w");
   int64_t used = 0;
@@ -228,26 +211,15 @@ std::vector<Case> bench_cases() {
 
 const OpInfo& grouped_gemm_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = "grouped_gemm";
-    o.spec = "SPEC §10.1";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = reference;
+    OpInfo o =
+        op_info("grouped_gemm", "SPEC §10.1",
+                {gen, named, make_inputs, reference, invariants, cost, no_params, from_params});
     o.bound = bound;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
-    o.gpu = grouped_gemm_gpu;
-    o.gpu_bench = grouped_gemm_gpu_bench;
     // `moe-harness bench` runs the full shapes with device-generated inputs.
-    o.gpu_bench_device = grouped_gemm_gpu_bench_device;
-    o.bench_verify_case = grouped_gemm_bench_verify_case;
-    o.bench_cases = grouped_gemm_full_bench_cases;
+    set_gpu(o, {grouped_gemm_gpu, grouped_gemm_gpu_bench, grouped_gemm_gpu_bench_device,
+                grouped_gemm_bench_verify_case, grouped_gemm_full_bench_cases});
 #endif
     return o;
   }();

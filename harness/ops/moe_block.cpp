@@ -18,6 +18,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "harness/ops/router_family.h"
 #include "reference/moe_block.h"
 #include "reference/topk_router.h"
@@ -67,12 +68,8 @@ MoeBlockParams block_params(const Case& c) {
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = "moe_block";
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime = *rc::gen::element(Regime::uniform, Regime::uniform, Regime::skewed,
-                                 Regime::all_to_one, Regime::zero_tokens);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
+    Case c = draw_case("moe_block", {Regime::uniform, Regime::uniform, Regime::skewed,
+                                     Regime::all_to_one, Regime::zero_tokens});
     const int64_t P = *rc::gen::element<int64_t>(1, 1, 2, 4);
     const int64_t D = *rc::gen::element<int64_t>(1, 1, 2);
     // At least two experts so a selection boundary exists; L = 2 makes the local permute a
@@ -86,7 +83,7 @@ rc::Gen<Case> gen() {
     } else {
       K = *any_in(1, std::min<int64_t>(Ek, 3) + 1);
     }
-    const bool no_tokens = c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>();
+    const bool no_tokens = draw_no_rows(c);
     c.set("B", no_tokens ? int64_t{0} : P * D * *rc::gen::element<int64_t>(1, 2));
     c.set("S", *any_in(1, 5));
     c.set("H", *any_in(2, 7)).set("M", *any_in(2, 6));
@@ -109,21 +106,17 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(const std::string& name, DType d, const std::string& backend, int64_t P, int64_t D,
-          int64_t B, int64_t S, int64_t E, int64_t K, int64_t H, int64_t M, int64_t a) {
-  Case c;
-  c.op = "moe_block";
-  c.dtype = d;
-  c.seed = 31;
-  c.set("name", name).set("B", B).set("S", S).set("H", H).set("M", M);
-  c.set("num_experts", E).set("topk", K).set("num_groups", int64_t{0});
-  c.set("group_topk", int64_t{0}).set("score_function", "softmax");
-  c.set("use_pre_softmax", false).set("expert_bias", false).set("scaling_factor", 1.0);
-  c.set("activation", "silu").set("aux_loss_coeff", 0.0).set("backend", backend);
-  c.set("align_size", a).set("ep_size", P).set("dp_size", D).set("probs_dtype", "float32");
-  c.set("router_logits_dtype", "float32").set("wi_0_bias", false).set("wi_1_bias", false);
-  c.set("wo_bias", false);
-  return c;
+CaseBuilder base(const std::string& name, DType d, const std::string& backend, int64_t P, int64_t D,
+                 int64_t B, int64_t S, int64_t E, int64_t K, int64_t H, int64_t M, int64_t a) {
+  CaseBuilder b("moe_block", d);
+  b.seed(31).name(name).set("B", B).set("S", S).set("H", H).set("M", M);
+  b.set("num_experts", E).set("topk", K).set("num_groups", int64_t{0});
+  b.set("group_topk", int64_t{0}).set("score_function", "softmax");
+  b.set("use_pre_softmax", false).set("expert_bias", false).set("scaling_factor", 1.0);
+  b.set("activation", "silu").set("aux_loss_coeff", 0.0).set("backend", backend);
+  b.set("align_size", a).set("ep_size", P).set("dp_size", D).set("probs_dtype", "float32");
+  b.set("router_logits_dtype", "float32").set("wi_0_bias", false).set("wi_1_bias", false);
+  return b.set("wo_bias", false);
 }
 
 std::vector<Case> named() {
@@ -161,8 +154,8 @@ std::vector<Case> named() {
   // at most 16.
   v.push_back(base("many_experts_e64", DType::bf16, "kernel", 2, 1, 2, 8, 64, 4, 16, 8, 0)
                   .set("aux_loss_coeff", 0.01));
-  v.push_back(base("zero_tokens", DType::f32, "kernel", 2, 2, 0, 4, 4, 2, 8, 8, 4));
-  v.back().regime = Regime::zero_tokens;
+  v.push_back(base("zero_tokens", DType::f32, "kernel", 2, 2, 0, 4, 4, 2, 8, 8, 4)
+                  .regime(Regime::zero_tokens));
   return v;
 }
 
@@ -638,23 +631,16 @@ nlohmann::json to_params(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = "moe_block";
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder("moe_block", d).seed(seed);
   const Tensor& x = in.at("input.x");
   c.set("B", x.dim(0)).set("S", x.dim(1)).set("H", x.dim(2)).set("M", in.at("input.wi_0").dim(2));
-  for (const char* k :
-       {"num_experts", "topk", "num_groups", "group_topk", "align_size", "ep_size", "dp_size"}) {
-    c.set(k, j.at(k).get<int64_t>());
-  }
-  for (const char* k :
-       {"activation", "score_function", "backend", "probs_dtype", "router_logits_dtype"}) {
-    c.set(k, j.at(k).get<std::string>());
-  }
-  c.set("use_pre_softmax", j.at("use_pre_softmax").get<bool>());
-  c.set("scaling_factor", j.at("scaling_factor").get<double>());
-  c.set("aux_loss_coeff", j.at("aux_loss_coeff").get<double>());
+  set_params<int64_t>(
+      c, j,
+      {"num_experts", "topk", "num_groups", "group_topk", "align_size", "ep_size", "dp_size"});
+  set_params<std::string>(
+      c, j, {"activation", "score_function", "backend", "probs_dtype", "router_logits_dtype"});
+  set_params<bool>(c, j, {"use_pre_softmax"});
+  set_params<double>(c, j, {"scaling_factor", "aux_loss_coeff"});
   for (const char* k : {"wi_0_bias", "wi_1_bias", "wo_bias", "expert_bias"}) {
     c.set(k, in.count(std::string("input.") + k) != 0);
   }
@@ -665,26 +651,16 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
 
 const OpInfo& moe_block_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = "moe_block";
-    o.spec = "SPEC §11";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = reference;
+    OpInfo o =
+        op_info("moe_block", "SPEC §11",
+                {gen, named, make_inputs, reference, invariants, cost, to_params, from_params});
     o.bound = bound;
-    o.invariants = invariants;
     o.fd_masks = fd_masks;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
     o.compare = compare;
 #ifdef MOE_WITH_CUDA
-    o.gpu = moe_block_gpu;
-    o.gpu_bench = moe_block_gpu_bench;
-    o.gpu_bench_device = moe_block_gpu_bench_device;  // full size, device-generated inputs
-    o.bench_verify_case = moe_block_bench_verify_case;
-    o.bench_cases = moe_block_gpu_bench_cases;
+    // gpu_bench_device: the full size, with device-generated inputs.
+    set_gpu(o, {moe_block_gpu, moe_block_gpu_bench, moe_block_gpu_bench_device,
+                moe_block_bench_verify_case, moe_block_gpu_bench_cases});
 #endif
     return o;
   }();

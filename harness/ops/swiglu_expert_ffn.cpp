@@ -16,6 +16,7 @@
 #include "harness/ops/ffn_family_gpu.h"
 #endif
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 #include "reference/grouped_gemm.h"
 #include "reference/swiglu_ffn.h"
 
@@ -25,14 +26,8 @@ namespace {
 
 rc::Gen<Case> gen() {
   return rc::gen::exec([] {
-    Case c;
-    c.op = "swiglu_expert_ffn";
-    c.dtype = *rc::gen::element(DType::f32, DType::bf16, DType::f16);
-    c.regime =
-        *rc::gen::element(Regime::uniform, Regime::skewed, Regime::zero_tokens, Regime::all_to_one);
-    c.seed = *rc::gen::arbitrary<uint32_t>();
-    const int64_t M =
-        c.regime == Regime::zero_tokens && *rc::gen::arbitrary<bool>() ? 0 : *any_in(1, 16);
+    Case c = draw_case("swiglu_expert_ffn", kSizeRegimes);
+    const int64_t M = draw_no_rows(c) ? 0 : *any_in(1, 16);
     c.set("G", *any_in(1, 5)).set("M_total", M);
     c.set("H", *any_in(1, 7)).set("M", *any_in(1, 7));
     c.set("tail", M == 0 ? int64_t{0} : *any_in(0, M + 1) / 2);
@@ -44,24 +39,19 @@ rc::Gen<Case> gen() {
   });
 }
 
-Case base(const std::string& name, DType d, int64_t G, int64_t Mt, int64_t H, int64_t M,
-          int64_t tail, bool biases) {
-  Case c;
-  c.op = "swiglu_expert_ffn";
-  c.dtype = d;
-  c.seed = 29;
-  c.set("name", name).set("G", G).set("M_total", Mt).set("H", H).set("M", M).set("tail", tail);
-  c.set("activation", "silu").set("wi_0_bias", biases).set("wi_1_bias", biases);
-  c.set("wo_bias", biases);
-  return c;
+CaseBuilder base(const std::string& name, DType d, int64_t G, int64_t Mt, int64_t H, int64_t M,
+                 int64_t tail, bool biases) {
+  CaseBuilder b("swiglu_expert_ffn", d);
+  b.seed(29).name(name).set("G", G).set("M_total", Mt).set("H", H).set("M", M).set("tail", tail);
+  b.set("activation", "silu").set("wi_0_bias", biases).set("wi_1_bias", biases);
+  return b.set("wo_bias", biases);
 }
 
 std::vector<Case> named() {
   std::vector<Case> v;
-  v.push_back(base("empty_groups_bias", DType::bf16, 8, 40, 32, 48, 6, true));
-  v.back().regime = Regime::zero_tokens;
-  v.push_back(base("all_to_one", DType::f32, 4, 24, 16, 32, 0, false));
-  v.back().regime = Regime::all_to_one;
+  v.push_back(
+      base("empty_groups_bias", DType::bf16, 8, 40, 32, 48, 6, true).regime(Regime::zero_tokens));
+  v.push_back(base("all_to_one", DType::f32, 4, 24, 16, 32, 0, false).regime(Regime::all_to_one));
   v.push_back(base("linear", DType::f32, 3, 17, 8, 8, 3, false).set("activation", "linear"));
   v.push_back(base("zero_rows", DType::f16, 2, 0, 8, 8, 0, true));
   v.push_back(base("r3_shape", DType::bf16, 4, 184, 32, 64, 56, false));
@@ -359,17 +349,14 @@ nlohmann::json to_params(const Case& c) {
 }
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
-  Case c;
-  c.op = "swiglu_expert_ffn";
-  c.dtype = d;
-  c.seed = seed;
+  Case c = CaseBuilder("swiglu_expert_ffn", d).seed(seed);
   const Tensor& x = in.at("input.x");
   const Tensor& gs = in.at("input.group_sizes");
   int64_t used = 0;
   for (int64_t g = 0; g < gs.numel(); ++g) used += static_cast<int64_t>(gs.at(g));
   c.set("G", gs.dim(0)).set("M_total", x.dim(0)).set("H", x.dim(1));
   c.set("M", in.at("input.wi_0").dim(2)).set("tail", x.dim(0) - used);
-  c.set("activation", j.at("activation").get<std::string>());
+  set_params<std::string>(c, j, {"activation"});
   c.set("wi_0_bias", in.count("input.wi_0_bias") != 0);
   c.set("wi_1_bias", in.count("input.wi_1_bias") != 0);
   c.set("wo_bias", in.count("input.wo_bias") != 0);
@@ -399,26 +386,16 @@ std::vector<Case> bench_cases() {
 
 const OpInfo& swiglu_expert_ffn_op() {
   static const OpInfo op = [] {
-    OpInfo o;
-    o.name = "swiglu_expert_ffn";
-    o.spec = "SPEC §10.2";
-    o.gen = gen;
-    o.named = named;
-    o.make_inputs = make_inputs;
-    o.reference = reference;
+    OpInfo o =
+        op_info("swiglu_expert_ffn", "SPEC §10.2",
+                {gen, named, make_inputs, reference, invariants, cost, to_params, from_params});
     o.bound = bound;
-    o.invariants = invariants;
-    o.cost = cost;
-    o.to_params = to_params;
-    o.from_params = from_params;
     o.bench_cases = bench_cases;
 #ifdef MOE_WITH_CUDA
-    o.gpu = swiglu_expert_ffn_gpu;
-    o.gpu_bench = swiglu_expert_ffn_gpu_bench;
     // `moe-harness bench` runs the full shapes with device-generated inputs.
-    o.gpu_bench_device = swiglu_expert_ffn_gpu_bench_device;
-    o.bench_verify_case = swiglu_expert_ffn_bench_verify_case;
-    o.bench_cases = swiglu_expert_ffn_full_bench_cases;
+    set_gpu(o,
+            {swiglu_expert_ffn_gpu, swiglu_expert_ffn_gpu_bench, swiglu_expert_ffn_gpu_bench_device,
+             swiglu_expert_ffn_bench_verify_case, swiglu_expert_ffn_full_bench_cases});
 #endif
     return o;
   }();
