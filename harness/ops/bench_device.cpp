@@ -17,6 +17,7 @@
 #include "harness/core/params/ffn.h"
 #include "harness/core/rng.h"
 #include "harness/ops/block_gpu.h"
+#include "harness/ops/device_io.h"
 #include "harness/ops/ep_family.h"
 
 namespace moe::ops {
@@ -31,11 +32,6 @@ DeviceTensor device_uniform(const Case& c, DType d, const Shape& s, double lo, d
 }
 
 namespace {
-
-template <class T>
-const T* ptr(const std::optional<T>& t) {
-  return t ? &*t : nullptr;
-}
 
 gpu::GemmOptions gemm_options(const Case& c) {
   gpu::GemmOptions o;

@@ -11,8 +11,10 @@
 #include "gpu/bench_util.cuh"
 #include "gpu/moe_block.cuh"
 #include "harness/ops/bench_device.h"
+#include "harness/ops/device_io.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 
 namespace moe::ops {
 
@@ -20,27 +22,16 @@ namespace {
 
 using gpu::DeviceTensor;
 
-std::optional<DeviceTensor> up_opt(const TensorMap& in, const std::string& key) {
-  const Tensor* t = find_tensor(in, key);
-  if (!t) return std::nullopt;
-  return DeviceTensor::upload(*t);
-}
-
-template <class T>
-const T* ptr(const std::optional<T>& t) {
-  return t ? &*t : nullptr;
-}
-
 // The block's inputs on the device.
 struct DeviceInputs {
   DeviceTensor x, gate_kernel, wi_0, wi_1, wo;
   std::optional<DeviceTensor> wi_0_bias, wi_1_bias, wo_bias, expert_bias, ct_y, ct_aux;
   explicit DeviceInputs(const TensorMap& in)
-      : x(DeviceTensor::upload(in.at("input.x"))),
-        gate_kernel(DeviceTensor::upload(in.at("input.gate_kernel"))),
-        wi_0(DeviceTensor::upload(in.at("input.wi_0"))),
-        wi_1(DeviceTensor::upload(in.at("input.wi_1"))),
-        wo(DeviceTensor::upload(in.at("input.wo"))),
+      : x(up(in, "input.x")),
+        gate_kernel(up(in, "input.gate_kernel")),
+        wi_0(up(in, "input.wi_0")),
+        wi_1(up(in, "input.wi_1")),
+        wo(up(in, "input.wo")),
         wi_0_bias(up_opt(in, "input.wi_0_bias")),
         wi_1_bias(up_opt(in, "input.wi_1_bias")),
         wo_bias(up_opt(in, "input.wo_bias")),
@@ -59,13 +50,6 @@ struct DeviceInputs {
             ptr(expert_bias)};
   }
 };
-
-void put(TensorMap& out, const std::string& key, const DeviceTensor& t) {
-  out.emplace(key, t.download());
-}
-void put(TensorMap& out, const std::string& key, const std::optional<DeviceTensor>& t) {
-  if (t) out.emplace(key, t->download());
-}
 
 gpu::Communicator* g_block_comm = nullptr;
 
@@ -211,10 +195,7 @@ Case moe_block_bench_verify_case(const Case& c) {
 
 std::vector<Case> moe_block_gpu_bench_cases() {
   auto base = [](const std::string& name, int64_t B, int64_t H, int64_t M, int64_t E, int64_t K) {
-    Case c;
-    c.op = "moe_block";
-    c.dtype = DType::bf16;
-    c.seed = 7;
+    Case c = CaseBuilder("moe_block", DType::bf16).seed(7);
     c.set("name", name).set("B", B).set("S", int64_t{4096}).set("H", H).set("M", M);
     c.set("num_experts", E).set("topk", K).set("num_groups", int64_t{0});
     c.set("group_topk", int64_t{0}).set("score_function", "softmax");

@@ -16,8 +16,10 @@
 #include "gpu/sort_chunks.cuh"
 #include "harness/core/rng.h"
 #include "harness/ops/bench_device.h"
+#include "harness/ops/device_io.h"
 #include "harness/ops/ep_family.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 
 namespace moe::ops {
 
@@ -27,40 +29,6 @@ using gpu::DeviceTensor;
 
 // Tests run the twins with every output poisoned and the device checks read back.
 const gpu::RunOptions kCheck{/*validate=*/true, /*poison=*/true};
-
-DeviceTensor up(const TensorMap& in, const std::string& key) {
-  return DeviceTensor::upload(in.at(key));
-}
-
-std::optional<DeviceTensor> up_opt(const TensorMap& in, const std::string& key) {
-  const Tensor* t = find_tensor(in, key);
-  if (!t) return std::nullopt;
-  return DeviceTensor::upload(*t);
-}
-
-template <class T>
-const T* ptr(const std::optional<T>& t) {
-  return t ? &*t : nullptr;
-}
-
-void put(TensorMap& out, const std::string& key, const DeviceTensor& t) {
-  out.emplace(key, t.download());
-}
-void put(TensorMap& out, const std::string& key, const std::optional<DeviceTensor>& t) {
-  if (t) out.emplace(key, t->download());
-}
-
-std::vector<DeviceTensor> up_ranks(const TensorMap& in, const std::string& key) {
-  std::vector<DeviceTensor> v;
-  for (const Tensor& t : unstack(in.at(key))) v.push_back(DeviceTensor::upload(t));
-  return v;
-}
-
-Tensor down_stack(const std::vector<DeviceTensor>& v) {
-  std::vector<Tensor> h;
-  for (const DeviceTensor& t : v) h.push_back(t.download());
-  return stack(h);
-}
 
 ArgsortPermParams argsort_state(const Case& c) {
   const int64_t K = c.i("topk");
@@ -307,10 +275,7 @@ struct SortChunksBench {
 };
 
 Case deepseek(const std::string& op, int64_t a, const std::string& name) {
-  Case c;
-  c.op = op;
-  c.dtype = DType::bf16;
-  c.seed = 23;
+  Case c = CaseBuilder(op, DType::bf16).seed(23);
   c.set("name", name).set("T", int64_t{16384}).set("E", int64_t{256}).set("K", int64_t{8});
   c.set("H", int64_t{7168}).set("ragged", false).set("num_out_tokens", int64_t{16384 * 8});
   c.set("align_size", a);
@@ -541,10 +506,7 @@ std::vector<Case> sort_chunks_by_index_gpu_bench_cases() {
     for (int64_t i = 0; i < 8; ++i) order[l * 8 + i] = i * 32 + l;
   std::vector<Case> v;
   for (int64_t tail : {int64_t{0}, int64_t{256 * 127}}) {
-    Case c;
-    c.op = "sort_chunks_by_index";
-    c.dtype = DType::bf16;
-    c.seed = 29;
+    Case c = CaseBuilder("sort_chunks_by_index", DType::bf16).seed(29);
     c.set("name", tail ? "ep8_l32_a128" : "ep8_l32").set("N_rows", int64_t{131072} + tail);
     c.set("H", int64_t{7168}).set("split_sizes", int_list(split));
     c.set("sorted_indices", int_list(order)).set("split_dtype", "int32");

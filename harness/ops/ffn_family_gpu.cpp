@@ -9,35 +9,15 @@
 #include "gpu/grouped_gemm.cuh"
 #include "gpu/swiglu_ffn.cuh"
 #include "harness/core/params/ffn.h"
+#include "harness/ops/device_io.h"
 #include "harness/ops/perm_family.h"
+#include "harness/ops/record.h"
 
 namespace moe::ops {
 
 namespace {
 
 using gpu::DeviceTensor;
-
-DeviceTensor up(const TensorMap& in, const std::string& key) {
-  return DeviceTensor::upload(in.at(key));
-}
-
-std::optional<DeviceTensor> up_opt(const TensorMap& in, const std::string& key) {
-  const Tensor* t = find_tensor(in, key);
-  if (!t) return std::nullopt;
-  return DeviceTensor::upload(*t);
-}
-
-template <class T>
-const T* ptr(const std::optional<T>& t) {
-  return t ? &*t : nullptr;
-}
-
-void put(TensorMap& out, const std::string& key, const DeviceTensor& t) {
-  out.emplace(key, t.download());
-}
-void put(TensorMap& out, const std::string& key, const std::optional<DeviceTensor>& t) {
-  if (t) out.emplace(key, t->download());
-}
 
 gpu::GemmOptions options(const Case& c, bool poison) {
   gpu::GemmOptions o;
@@ -70,11 +50,7 @@ struct FfnInputs {
 
 Case gemm_bench_case(const std::string& name, Regime regime, int64_t G, int64_t M, int64_t K,
                      int64_t N) {
-  Case c;
-  c.op = "grouped_gemm";
-  c.dtype = DType::bf16;
-  c.regime = regime;
-  c.seed = 23;
+  Case c = CaseBuilder("grouped_gemm", DType::bf16).regime(regime).seed(23);
   c.set("name", name).set("G", G).set("M_total", M).set("K_d", K).set("N", N);
   c.set("tail", int64_t{0}).set("bias", false);
   return c;
@@ -82,11 +58,7 @@ Case gemm_bench_case(const std::string& name, Regime regime, int64_t G, int64_t 
 
 Case ffn_bench_case(const std::string& name, Regime regime, int64_t G, int64_t Mt, int64_t H,
                     int64_t M) {
-  Case c;
-  c.op = "swiglu_expert_ffn";
-  c.dtype = DType::bf16;
-  c.regime = regime;
-  c.seed = 29;
+  Case c = CaseBuilder("swiglu_expert_ffn", DType::bf16).regime(regime).seed(29);
   c.set("name", name).set("G", G).set("M_total", Mt).set("H", H).set("M", M);
   c.set("tail", int64_t{0}).set("activation", "silu");
   c.set("wi_0_bias", false).set("wi_1_bias", false).set("wo_bias", false);
