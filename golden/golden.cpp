@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "harness/ops/check.h"
+#include "harness/ops/impl_check.h"
 #include "harness/ops/registry.h"
 
 namespace moe::golden {
@@ -237,7 +238,7 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
   return out;
 }
 
-VerifyResult verify_file(const std::string& path, const std::string& backend) {
+VerifyResult verify_file(const std::string& path, const std::string& backend, TiePolicy ties) {
   VerifyResult r;
   r.path = path;
   r.verdict = "ERROR";
@@ -246,11 +247,9 @@ VerifyResult verify_file(const std::string& path, const std::string& backend) {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   };
-  r.replay = "moe-harness golden verify --backend " + backend + " " + path;
+  const std::string impl_name = backend == "gpu" ? "moe-gpu" : backend;
+  r.replay = "moe-harness golden verify --impl " + impl_name + " " + path;
   try {
-    if (backend != "reference" && backend != "gpu") {
-      throw std::invalid_argument("--backend: '" + backend + "' is not reference or gpu");
-    }
     const File f = read_file(path);
     const Header h = check_schema(f, path);
     r.op = h.op;
@@ -277,25 +276,25 @@ VerifyResult verify_file(const std::string& path, const std::string& backend) {
     } else {
       c = op->from_params(h.params, h.dtype, h.seed, in);
     }
-    r.replay = ops::replay_line(c, backend) + "\n    " + r.replay;
+    const Impl* impl = find_impl(h.op, impl_name);
+    if (!impl) throw std::invalid_argument("no implementation '" + impl_name + "' of " + h.op);
+    r.replay = replay_command(c, impl_name, ties) + "\n    " + r.replay;
     const std::string params = format_params(op->to_params(c));
     if (params != h.params_text) {
       throw std::invalid_argument("params '" + h.params_text +
                                   "' differ from the op's to_params '" + params + "'");
     }
-    TensorMap got;
-    if (backend == "gpu") {
-      if (!op->gpu) throw std::invalid_argument("op " + h.op + " has no CUDA twin");
-      if (!ops::gpu_available()) throw std::runtime_error("no CUDA GPU: " + ops::gpu_description());
-      got = op->gpu(c, in);
-    } else {
-      got = op->reference(c, in, false);
+    if (impl->unsupported) {
+      const std::string why = impl->unsupported(c);
+      if (!why.empty()) throw std::runtime_error(impl_name + " does not support this case: " + why);
     }
-    const Report rep =
-        op->compare ? op->compare(c, in, want, got) : ops::compare_outputs(*op, c, in, want, got);
+    // The implementation's outputs (poisoned buffers, two runs) against the file's.
+    std::vector<std::string> notes;
+    const Report rep = ops::compare_impl(*impl, c, in, want, ties, notes);
     r.worst_pct = rep.worst_pct();
     r.verdict = rep.ok() ? "PASS" : "FAIL";
     if (!rep.ok()) r.report = rep.str();
+    for (auto& n : notes) r.report += "  note: " + n + "\n";
   } catch (const std::exception& e) {
     r.verdict = "ERROR";
     r.report = std::string("  ") + e.what() + "\n";
@@ -337,10 +336,16 @@ std::string junit_xml(const std::vector<VerifyResult>& results) {
 }
 
 int verify(const std::vector<std::string>& paths, const std::string& backend,
-           const std::string& junit, std::ostream& out) {
-  if (backend == "gpu" && !ops::gpu_available()) {
+           const std::string& junit, std::ostream& out, TiePolicy ties) {
+  if ((backend == "gpu" || backend == "moe-gpu") && !ops::gpu_available()) {
     // Same convention as `moe-harness check`: no GPU is a usage error, not 100 failed files.
-    out << "golden verify --backend gpu: no CUDA GPU: " << ops::gpu_description() << "\n";
+    out << "golden verify --impl moe-gpu: no CUDA GPU: " << ops::gpu_description() << "\n";
+    return 2;
+  }
+  const std::vector<std::string> names = impl_names();
+  const std::string impl_name = backend == "gpu" ? "moe-gpu" : backend;
+  if (std::find(names.begin(), names.end(), impl_name) == names.end()) {
+    out << "golden verify --impl: no implementation named '" << impl_name << "'\n";
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -353,7 +358,7 @@ int verify(const std::vector<std::string>& paths, const std::string& backend,
       << "worst %tol"
       << "  verdict\n";
   for (auto& f : files) {
-    results.push_back(verify_file(f, backend));
+    results.push_back(verify_file(f, backend, ties));
     const VerifyResult& r = results.back();
     out << std::left << std::setw(static_cast<int>(width)) << f << "  " << std::setw(32)
         << (r.op.empty() ? "?" : r.op) << std::setw(10) << (r.dtype.empty() ? "?" : r.dtype)

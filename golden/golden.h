@@ -12,6 +12,7 @@
 #include "golden/safetensors.h"
 #include "golden/schema.h"
 #include "harness/core/case.h"
+#include "moe_harness/impl.h"
 
 namespace moe::golden {
 
@@ -60,12 +61,13 @@ struct VerifyResult {
 
 // Files named directly, and every *.safetensors under a directory (sorted).
 std::vector<std::string> expand_paths(const std::vector<std::string>& paths);
-// backend: "reference" or "gpu".
-VerifyResult verify_file(const std::string& path, const std::string& backend);
+// backend: an implementation name (reference, moe-gpu or a registered one; "gpu" = moe-gpu).
+VerifyResult verify_file(const std::string& path, const std::string& backend,
+                         TiePolicy ties = TiePolicy::canonical);
 // Verifies every file, prints the table and the failure reports; writes JUnit XML when junit is
 // non-empty. Returns 0 when every file passes, 1 otherwise, 2 for --backend gpu without a GPU.
 int verify(const std::vector<std::string>& paths, const std::string& backend,
-           const std::string& junit, std::ostream& out);
+           const std::string& junit, std::ostream& out, TiePolicy ties = TiePolicy::canonical);
 std::string junit_xml(const std::vector<VerifyResult>& results);
 
 // ---- diff / show ----

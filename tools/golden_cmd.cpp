@@ -1,7 +1,7 @@
 // `moe-harness golden {record,verify,diff,show}`: the CLI layer over golden/golden.h.
 //
 //   moe-harness golden record [--op NAME | --case LINE] [--max-bytes N] --out DIR
-//   moe-harness golden verify PATH... [--backend reference|gpu] [--junit FILE]
+//   moe-harness golden verify PATH... [--impl NAME] [--plugin PATH] [--ties P] [--junit FILE]
 //   moe-harness golden diff A B
 //   moe-harness golden show FILE
 #include <iostream>
@@ -51,19 +51,26 @@ void add_golden_command(CLI::App& app, int& status) {
 
   struct VerifyArgs {
     std::vector<std::string> paths;
-    std::string backend = "reference", junit;
+    std::string backend = "reference", junit, ties = "canonical";
+    std::vector<std::string> plugins;
   };
   auto ver = std::make_shared<VerifyArgs>();
   CLI::App* v = g->add_subcommand(
       "verify", "Recompute every file's case from its stored inputs and compare (SPEC §12)");
   v->add_option("paths", ver->paths, "Files, or directories searched for *.safetensors")
       ->required();
-  v->add_option("--backend", ver->backend, "reference or gpu")
-      ->check(CLI::IsMember({"reference", "gpu"}));
+  v->add_option("--impl,--backend", ver->backend,
+                "Implementation: reference (default), moe-gpu (alias gpu), or a plugin's");
+  v->add_option("--plugin", ver->plugins, "Load implementations from this shared library");
+  v->add_option("--ties", ver->ties, "Exact-tie rule of top-k selection: canonical, te or any")
+      ->check(CLI::IsMember({"canonical", "te", "any"}));
   v->add_option("--junit", ver->junit, "Write JUnit XML here");
   v->callback([ver, &status] {
-    status =
-        guarded([&] { return golden::verify(ver->paths, ver->backend, ver->junit, std::cout); });
+    status = guarded([&] {
+      for (auto& p : ver->plugins) load_plugin(p);
+      return golden::verify(ver->paths, ver->backend, ver->junit, std::cout,
+                            parse_tie_policy(ver->ties));
+    });
   });
 
   auto pair = std::make_shared<std::vector<std::string>>();

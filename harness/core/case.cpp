@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -28,7 +29,10 @@ std::string_view regime_name(Regime r) {
 Regime parse_regime(std::string_view s) {
   for (auto& [k, v] : kRegimes)
     if (v == s) return k;
-  throw std::invalid_argument("regime: unknown regime '" + std::string(s) + "'");
+  std::string all;
+  for (auto& [k, v] : kRegimes) all += (all.empty() ? "" : ", ") + std::string(v);
+  throw std::invalid_argument("regime: unknown regime '" + std::string(s) + "' (allowed: " + all +
+                              ")");
 }
 
 std::string format_double(double v) {
@@ -53,12 +57,15 @@ Case Case::parse(std::string_view line) {
   bool have_op = false;
   std::istringstream in{std::string(line)};
   std::string tok;
+  std::set<std::string> seen;
   while (in >> tok) {
     const auto eq = tok.find('=');
     if (eq == std::string::npos || eq == 0) {
       throw std::invalid_argument("case: token '" + tok + "' is not key=value");
     }
     const std::string key = tok.substr(0, eq), val = tok.substr(eq + 1);
+    // A repeated key would silently override the first: the line would not say what runs.
+    if (!seen.insert(key).second) throw std::invalid_argument("case: key '" + key + "' repeated");
     if (key == "op") {
       c.op = val;
       have_op = true;

@@ -4,6 +4,7 @@
 #include "harness/core/rng.h"
 #include "harness/ops/check.h"
 #include "harness/ops/router_family.h"
+#include "harness/ops/ties.h"
 #include "reference/aux_loss.h"
 
 namespace moe::ops {
@@ -126,9 +127,10 @@ Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const 
     return compare_outputs(op, c, in, want, got);
   }
   const std::vector<int64_t> rows = routing_rows_differ(wm, gm->second);
-  if (rows.empty()) return compare_outputs(op, c, in, want, got);
   TensorMap want2 = clone(want);
   std::vector<std::string> failures;
+  std::vector<int64_t> accepted;
+  std::vector<bool> exact;
   const Tensor& scores = want.at("output.scores");
   const int64_t E = c.i("E"), K = c.i("topk");
   for (int64_t t : rows) {
@@ -144,9 +146,15 @@ Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const 
                          format_double(margin) + " > delta " + format_double(delta) + ")");
       continue;
     }
+    accepted.push_back(t);
+    exact.push_back(margin == 0);
     Tensor& m = want2.at("output.routing_map");
     for (int64_t j = 0; j < m.dim(1); ++j) m.set(t, j, gm->second.at(t, j));
   }
+  // Exact ties between bitwise-equal logits follow the tie policy in every row.
+  for (auto& f : apply_tie_policy(gm->second, in.at("input.logits"), nullptr, K, 0, 0, accepted,
+                                  exact))
+    failures.push_back(f);
   Report r = compare_outputs(op, c, in, want2, got);
   for (auto& f : failures) r.failures.push_back(f);
   return r;

@@ -4,6 +4,7 @@
 #include "harness/core/rng.h"
 #include "harness/ops/check.h"
 #include "harness/ops/router_family.h"
+#include "harness/ops/ties.h"
 #include "reference/topk_router.h"
 
 namespace moe::ops {
@@ -218,37 +219,34 @@ Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const 
     return compare_outputs(op, c, in, want, got);
   }
   const std::vector<int64_t> rows = routing_rows_differ(wm, gm->second);
-  if (rows.empty()) return compare_outputs(op, c, in, want, got);
   const RouterParams p = router_params(c);
   const Tensor& logits = in.at("input.logits");
   const Tensor* bias = bias_of(in);
-  const auto sel = ref::topk_router_select(logits, bias, p);
   std::vector<std::string> failures;
-  for (int64_t t : rows) {
-    const auto& s = sel[t];
-    const bool near = s.margin <= s.delta || s.group_margin <= s.delta;
-    if (!near) {
-      failures.push_back("routing_map row " + std::to_string(t) +
-                         " differs from the reference outside a near tie (margin " +
-                         format_double(s.margin) + " > delta " + format_double(s.delta) + ")");
-      continue;
-    }
-    if (s.margin == 0 && s.next >= 0) {
-      const int kth = s.experts.back();
-      const bool same_x = logits.at(t, kth) == logits.at(t, s.next) &&
-                          std::signbit(logits.at(t, kth)) == std::signbit(logits.at(t, s.next));
-      const bool same_b = !bias || bias->at(kth) == bias->at(s.next);
-      if (same_x && same_b) {
+  std::vector<int64_t> accepted;
+  std::vector<bool> exact;
+  if (!rows.empty()) {
+    const auto sel = ref::topk_router_select(logits, bias, p);
+    for (int64_t t : rows) {
+      const auto& s = sel[t];
+      if (s.margin > s.delta && s.group_margin > s.delta) {
         failures.push_back("routing_map row " + std::to_string(t) +
-                           ": exact tie between bitwise-equal inputs (experts " +
-                           std::to_string(kth) + " and " + std::to_string(s.next) +
-                           ") not resolved by the canonical rule (lower index wins)");
+                           " differs from the reference outside a near tie (margin " +
+                           format_double(s.margin) + " > delta " + format_double(s.delta) + ")");
+        continue;
       }
+      accepted.push_back(t);
+      exact.push_back(s.margin == 0 || s.group_margin == 0);
     }
   }
+  // Exact ties between bitwise-equal inputs follow the tie policy in every row (--ties te
+  // departs from the reference's canonical choice, so rows that agree are checked too).
+  for (auto& f : apply_tie_policy(gm->second, logits, bias, p.topk, p.num_groups, p.group_topk,
+                                  accepted, exact))
+    failures.push_back(f);
   // Compare every tensor under the implementation's own selection.
-  const TensorMap want2 = run_reference(c, in, false, &gm->second);
-  Report r = compare_outputs(op, c, in, want2, got);
+  Report r = rows.empty() ? compare_outputs(op, c, in, want, got)
+                          : compare_outputs(op, c, in, run_reference(c, in, false, &gm->second), got);
   for (auto& f : failures) r.failures.push_back(f);
   return r;
 }

@@ -208,3 +208,14 @@ TEST(ScoreFn, ExpAndLog1pWithinTwoUlpsOfDouble) {
         << "log1p(" << y << ")";
   }
 }
+
+// Both determinism checks rest on bitwise_equal: every byte counts, and so does the sign of zero.
+TEST(Tensor, BitwiseEqualSeesEveryByte) {
+  Tensor a(DType::f32, {2, 3}), b(DType::f32, {2, 3});
+  for (int64_t i = 0; i < 6; ++i) a.set(i, double(i)), b.set(i, double(i));
+  EXPECT_TRUE(a.bitwise_equal(b));
+  b.set(5, 5.5);  // the last element only
+  EXPECT_FALSE(a.bitwise_equal(b));
+  a.set(5, 0.0), b.set(5, -0.0);  // equal values, different bits
+  EXPECT_FALSE(a.bitwise_equal(b));
+}

@@ -1,0 +1,40 @@
+# The example plugin (examples/plugin/example_plugin.c, plain C against include/moe_harness/
+# plugin.h) in three builds, and the ctests of the plugin route and of `check`'s CI contract:
+#   - correct: `check --plugin` passes every op it implements;
+#   - planted bugs: every op fails, with a replay line that reproduces the failure;
+#   - another ABI version: refused with a clear message (exit 2);
+#   - bad case lines: usage errors naming the key (exit 2); JSON and JUnit reports are written.
+if(NOT MOE_BUILD_TESTS)
+  return()
+endif()
+enable_language(C)
+
+function(moe_example_plugin target)
+  add_library(${target} MODULE ${PROJECT_SOURCE_DIR}/examples/plugin/example_plugin.c)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${MOE_DLPACK_INCLUDE_DIR})
+  target_compile_options(${target} PRIVATE -std=c11 -Wall -Wextra -fvisibility=hidden)
+  target_compile_definitions(${target} PRIVATE ${ARGN})
+  target_link_libraries(${target} PRIVATE m)
+endfunction()
+moe_example_plugin(moe_example_plugin)
+moe_example_plugin(moe_example_plugin_buggy MOE_EXAMPLE_PLANT_BUGS=1)
+moe_example_plugin(moe_example_plugin_abi99 MOE_EXAMPLE_ABI_VERSION=99)
+
+set(_plugin_test ${PROJECT_SOURCE_DIR}/examples/plugin/test_plugin.sh)
+add_test(NAME plugin_example_passes
+         COMMAND sh ${_plugin_test} passes $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin>)
+add_test(NAME plugin_planted_bugs_caught
+         COMMAND sh ${_plugin_test} buggy $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin_buggy>)
+add_test(NAME plugin_abi_mismatch_refused
+         COMMAND sh ${_plugin_test} abi $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin_abi99>)
+add_test(NAME check_bad_case_lines
+         COMMAND sh ${_plugin_test} usage $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin>)
+add_test(NAME check_reports
+         COMMAND sh ${_plugin_test} reports $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin_buggy>)
+set_tests_properties(plugin_example_passes plugin_planted_bugs_caught plugin_abi_mismatch_refused
+                     check_bad_case_lines check_reports PROPERTIES LABELS cpu TIMEOUT 600)

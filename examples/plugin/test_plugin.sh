@@ -1,0 +1,96 @@
+#!/bin/sh
+# ctests of the plugin route (cmake/plugins.cmake). Usage: test_plugin.sh MODE MOE_HARNESS PLUGIN
+#   passes   every op of the correct example plugin passes `check --plugin`
+#   buggy    every op of the planted-bug build fails, and each op's replay line reproduces it
+#   abi      a plugin of another ABI version is refused: exit 2 and the reason
+#   usage    bad case lines and names are usage errors (exit 2) naming what is wrong
+#   reports  --json, --junit and --save-failures of a failing run
+set -u
+mode=$1 bin=$2 so=$3
+ops="topk_router moe_aux_loss sort_chunks_by_index"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+
+# expect_status WANT CMD...: runs CMD, output to $tmp/out, fails unless it exits WANT.
+expect_status() {
+  want=$1; shift
+  "$@" >"$tmp/out" 2>&1; got=$?
+  [ "$got" -eq "$want" ] || { cat "$tmp/out"; fail "exit $got, expected $want: $*"; }
+}
+
+case $mode in
+passes)
+  expect_status 0 "$bin" check --plugin "$so" --cases 30 -j 2
+  cat "$tmp/out"
+  for op in $ops; do
+    grep -Eq "^$op .* Passed" "$tmp/out" || fail "no Passed row for $op"
+  done
+  ;;
+buggy)
+  expect_status 1 "$bin" check --plugin "$so" --cases 30
+  cat "$tmp/out"
+  for op in $ops; do
+    grep -Eq "^$op .* Incorrect" "$tmp/out" || fail "$op: planted bug not caught"
+    replay=$(grep "replay: .*'op=$op " "$tmp/out" | head -n 1 | sed 's/^ *replay: moe-harness //')
+    [ -n "$replay" ] || fail "$op: no replay line"
+    echo "replaying $op: $replay"
+    eval "\"\$bin\" $replay" >"$tmp/replay" 2>&1; st=$?
+    cat "$tmp/replay"
+    [ "$st" -eq 1 ] || fail "$op: the replay line exited $st, expected 1"
+    grep -q "^FAIL op=$op " "$tmp/replay" || fail "$op: the replay did not reproduce the failure"
+  done
+  ;;
+abi)
+  expect_status 2 "$bin" check --plugin "$so"
+  cat "$tmp/out"
+  grep -q "built for plugin ABI version 99, this moe-harness speaks version 1" "$tmp/out" ||
+    fail "no ABI mismatch message"
+  ;;
+usage)
+  base="op=topk_router dtype=float32 seed=1 T=4 E=8 topk=2 score_function=sigmoid"
+  expect_status 2 "$bin" check --impl reference --case "$base bogus=1"
+  grep -q "unknown key 'bogus' for topk_router" "$tmp/out" || fail "unknown key: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --impl reference --case "$base T=5"
+  grep -q "key 'T' repeated" "$tmp/out" || fail "repeated key: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --impl reference --case "op=topk_router dtype=float32 seed=1 T=4 E=8 topk=2 score_function=softplus"
+  grep -q "score_function=softplus is not allowed (allowed: sigmoid, softmax, sqrtsoftplus)" "$tmp/out" ||
+    fail "enum value: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --impl reference --case "op=topk_router dtype=float32 seed=1 T=x E=8 topk=2"
+  grep -q "T=x is not an integer" "$tmp/out" || fail "integer value: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --impl reference --case "op=topk_router dtype=float32 seed=1 T=4 E=8 topk=9 score_function=sigmoid num_groups=0 group_topk=0 scaling_factor=1.0 use_pre_softmax=false expert_bias=false routing_map_format=bytemap"
+  grep -qi "topk" "$tmp/out" || fail "invalid topk: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --case "op=no_such_op seed=1"
+  grep -q "unknown op 'no_such_op'" "$tmp/out" || fail "unknown op: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --impl no_such_impl
+  grep -q "no implementation named 'no_such_impl'" "$tmp/out" || fail "unknown impl"
+  expect_status 2 "$bin" check --plugin "$tmp/missing.so"
+  grep -q "cannot load" "$tmp/out" || fail "missing plugin: $(cat "$tmp/out")"
+  expect_status 2 "$bin" check --plugin "$so" --op no_such_op
+  grep -q "unknown op 'no_such_op'" "$tmp/out" || fail "unknown --op"
+  echo "usage errors: all exit 2 with the expected messages"
+  ;;
+reports)
+  expect_status 1 "$bin" check --plugin "$so" --op sort_chunks_by_index --cases 10 \
+    --json "$tmp/r.json" --junit "$tmp/r.xml" --save-failures "$tmp/saved"
+  grep -q '"impl": "example"' "$tmp/r.json" || fail "json: no impl"
+  grep -q '"verdict": "failed"' "$tmp/r.json" || fail "json: no failed case"
+  grep -q '"replay": "moe-harness check --impl example --plugin ' "$tmp/r.json" ||
+    fail "json: no replay"
+  if command -v python3 >/dev/null; then
+    python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/r.json" || fail "json: invalid"
+    python3 -c "import sys,xml.dom.minidom as m; m.parse(sys.argv[1])" "$tmp/r.xml" ||
+      fail "junit: invalid XML"
+  fi
+  grep -q '<failure message=' "$tmp/r.xml" || fail "junit: no failure"
+  grep -q 'replay: moe-harness check --impl example' "$tmp/r.xml" || fail "junit: no replay"
+  ref=$(ls "$tmp"/saved/*.safetensors | grep -v '\.example\.safetensors$' | head -n 1)
+  mine=$(echo "$ref" | sed 's/\.safetensors$/.example.safetensors/')
+  [ -f "$ref" ] && [ -f "$mine" ] || fail "save-failures: no pair of files in $tmp/saved"
+  expect_status 0 "$bin" golden verify "$ref"
+  expect_status 1 "$bin" golden diff "$ref" "$mine"
+  echo "reports: JSON, JUnit and saved golden files as expected"
+  ;;
+*) fail "unknown mode $mode" ;;
+esac
+echo "OK: $mode"

@@ -1,0 +1,20 @@
+// The comparison step of check_case (harness/ops/impl.cpp), shared with `golden verify --impl`,
+// which brings its own inputs and expected outputs from a file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness/core/compare.h"
+#include "moe_harness/impl.h"
+
+namespace moe::ops {
+
+// Runs impl twice on (c, in) with poisoned, guarded outputs shaped like want's output.*/grad.*,
+// and compares the first run with want under the op's bounds and the tie policy; determinism,
+// buffer faults and notes (tie resolutions, keys not provided) are added to the report / notes.
+// got, when given, receives the first run's outputs.
+Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const TensorMap& want,
+                    TiePolicy ties, std::vector<std::string>& notes, TensorMap* got = nullptr);
+
+}  // namespace moe::ops

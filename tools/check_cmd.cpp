@@ -1,0 +1,353 @@
+// `moe-harness list` and `moe-harness check`: every named and random case of each op through one
+// implementation (the reference's self-checks, our CUDA twins, a plugin's or a registered one),
+// compared with the reference (include/moe_harness/impl.h). Output: a table row per op as soon as
+// it finishes, the mismatch report and replay line of every failing case (shrunk when random),
+// optional JSON and JUnit reports and golden files of the failures.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "golden/golden.h"
+#include "harness/ops/case_validation.h"
+#include "harness/ops/edges.h"
+#include "harness/ops/ep_family.h"
+#include "harness/ops/registry.h"
+#include "moe_harness/impl.h"
+#include "tools/commands.h"
+#include "tools/reports.h"
+
+#ifdef MOE_WITH_NCCL
+#include <memory>
+
+#include "gpu/nccl_comm.cuh"
+#include "harness/ops/block_gpu.h"
+#endif
+
+namespace moe::tools {
+
+namespace {
+
+// --backend gpu|reference and --impl gpu are the pre-implementation-registry spellings.
+std::string canonical_impl(const std::string& s) { return s == "gpu" ? "moe-gpu" : s; }
+
+std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
+  std::vector<std::string> names;
+  for (auto& p : paths) names.push_back(load_plugin(p));
+  return names;
+}
+
+std::string plugin_flags(const std::vector<std::string>& paths) {
+  std::string s;
+  for (auto& p : paths) s += (s.empty() ? "" : " ") + std::string("--plugin ") + p;
+  return s;
+}
+
+// Writes the case's inputs and the reference's outputs as a golden file, and the same inputs
+// with the implementation's outputs next to it: `moe-harness golden diff` compares the two.
+void save_failure(const std::string& dir, const std::string& impl, const CaseResult& r,
+                  std::ostream& log) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  golden::Recorded rec = golden::record_case(r.c);
+  std::string base = golden::file_name(r.c);
+  base = base.substr(0, base.size() - std::string(".safetensors").size());
+  base += "__" + std::to_string(std::hash<std::string>{}(r.c.line()) % 1000000);
+  const std::string ref_path = (fs::path(dir) / (base + ".safetensors")).string();
+  golden::write_file(ref_path, rec.tensors, rec.metadata);
+  TensorMap mine;
+  for (auto& [k, t] : rec.tensors)
+    if (k.rfind("input.", 0) == 0 || k.rfind("cotangent.", 0) == 0) mine.emplace(k, t.clone());
+  for (auto& [k, t] : r.outputs) mine.emplace(k, t.clone());
+  golden::Metadata md = rec.metadata;
+  md["x-impl"] = impl;
+  const std::string got_path = (fs::path(dir) / (base + "." + impl + ".safetensors")).string();
+  golden::write_file(got_path, mine, md);
+  log << "  saved: " << ref_path << " (reference), " << got_path << " (" << impl << ")\n";
+}
+
+}  // namespace
+
+void add_list_command(CLI::App& app, int& status) {
+  auto* cmd = app.add_subcommand("list", "List the registered ops and their implementations");
+  static std::vector<std::string> plugins;
+  cmd->add_option("--plugin", plugins, "Load this plugin first (repeatable)");
+  cmd->callback([&status] {
+    try {
+      load_plugins(plugins);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      status = 2;
+      return;
+    }
+    const std::vector<std::string> names = impl_names();
+    std::printf("%-34s %-9s %6s", "op", "spec", "named");
+    for (auto& n : names) std::printf("  %-10s", n.c_str());
+    std::printf("\n");
+    for (const ops::OpInfo* op : ops::all_ops()) {
+      std::printf("%-34s %-9s %6zu", op->name.c_str(), op->spec.c_str(),
+                  op->named ? op->named().size() : size_t{0});
+      for (auto& n : names) {
+        const Impl* impl = find_impl(op->name, n);
+        std::printf("  %-10s", !impl ? "-" : impl->memory == Memory::cuda ? "cuda" : "host");
+      }
+      std::printf("\n");
+    }
+    std::printf("\nreference: the CPU reference (check = invariants + finite differences); "
+                "moe-gpu: this project's CUDA kernels%s\n",
+                ops::gpu_available() ? "" : " (no GPU here)");
+    status = 0;
+  });
+}
+
+void add_check_command(CLI::App& app, int& status) {
+  auto* cmd = app.add_subcommand("check", "Check an implementation of every op against the reference");
+  struct Args {
+    std::vector<std::string> ops, plugins;
+    std::string impl, backend, case_line, ties = "canonical", json, junit, save_failures;
+    int cases = 20, jobs = 1, ep = 0;
+    uint64_t seed = 1;
+    bool verbose = false, random_only = false, no_shrink = false;
+  };
+  static Args a;
+  cmd->add_option("--op", a.ops, "Only this op (repeatable; see `moe-harness list`)");
+  auto* impl_opt = cmd->add_option(
+      "--impl", a.impl,
+      "Implementation: reference, moe-gpu, or a registered/plugin one (default: the plugin's, "
+      "else moe-gpu when a GPU is present, else reference)");
+  cmd->add_option("--backend", a.backend, "Alias of --impl (gpu = moe-gpu)")->excludes(impl_opt);
+  cmd->add_option("--plugin", a.plugins, "Load implementations from this shared library (repeatable)");
+  cmd->add_option("--ties", a.ties, "Exact-tie rule of top-k selection: canonical, te or any")
+      ->check(CLI::IsMember({"canonical", "te", "any"}));
+  cmd->add_option("--cases", a.cases, "Random cases per op (plus every named case)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", a.seed, "Seed of the random cases");
+  cmd->add_option("--case", a.case_line, "Replay exactly this case line");
+  cmd->add_flag("--random-only", a.random_only, "Skip the named cases");
+  cmd->add_flag("--no-shrink", a.no_shrink, "Report failing random cases as drawn");
+  cmd->add_option("-j,--jobs", a.jobs, "Cases prepared and compared in parallel")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--json", a.json, "Write a JSON report here");
+  cmd->add_option("--junit", a.junit, "Write a JUnit XML report here (one test case per case)");
+  cmd->add_option("--save-failures", a.save_failures,
+                  "Write each failing case as golden files here (reference and implementation)");
+  cmd->add_flag("-v,--verbose", a.verbose, "Print every case");
+  cmd->add_option("--ep", a.ep,
+                  "Run moe_block's cases, rewritten to ep_size N and dp_size 1, over NCCL, one EP "
+                  "rank per process (under `moe-harness launch -n N`)")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([&status] {
+    auto usage = [&status](const std::string& msg) {
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      status = 2;
+    };
+    std::vector<std::string> plugin_names;
+    try {
+      plugin_names = load_plugins(a.plugins);
+    } catch (const std::exception& e) {
+      return usage(e.what());
+    }
+    std::string impl_name = canonical_impl(!a.impl.empty() ? a.impl : a.backend);
+    if (impl_name.empty()) {
+      impl_name = !plugin_names.empty() ? plugin_names.front()
+                  : ops::gpu_available() ? "moe-gpu"
+                                         : "reference";
+    }
+    const std::vector<std::string> names = impl_names();
+    if (std::find(names.begin(), names.end(), impl_name) == names.end()) {
+      std::string all;
+      for (auto& n : names) all += (all.empty() ? "" : ", ") + n;
+      return usage("--impl: no implementation named '" + impl_name + "' (registered: " + all +
+                   "; --plugin PATH loads more)");
+    }
+    if (impl_name == "moe-gpu" && !ops::gpu_available()) {
+      return usage("--impl moe-gpu: no GPU available (" + ops::gpu_description() + ")");
+    }
+    CheckOptions opt;
+    opt.cases = a.cases;
+    opt.seed = a.seed;
+    opt.named = !a.random_only;
+    opt.ties = parse_tie_policy(a.ties);
+    opt.shrink = !a.no_shrink;
+    opt.jobs = a.jobs;
+    opt.replay_extra = plugin_flags(a.plugins);
+    opt.keep_outputs = !a.save_failures.empty();
+
+#ifdef MOE_WITH_NCCL
+    // One NCCL communicator for the whole run; destroyed before the CUDA runtime shuts down.
+    struct CommGuard {
+      std::unique_ptr<gpu::NcclCommunicator> comm;
+      ~CommGuard() {
+        ops::set_block_communicator(nullptr);
+        comm.reset();
+      }
+    } guard;
+#endif
+    if (a.ep > 0) {
+#ifdef MOE_WITH_NCCL
+      const int ep = a.ep;
+      if (impl_name != "moe-gpu" || !gpu::NcclBootstrap::launched() ||
+          (!a.ops.empty() && (a.ops.size() != 1 || a.ops[0] != "moe_block"))) {
+        return usage("--ep " + std::to_string(ep) +
+                     ": runs moe_block on moe-gpu under the launcher: moe-harness launch -n " +
+                     std::to_string(ep) + " -- moe-harness check --impl moe-gpu --ep " +
+                     std::to_string(ep));
+      }
+      try {
+        guard.comm = std::make_unique<gpu::NcclCommunicator>(gpu::NcclBootstrap::from_env());
+      } catch (const std::exception& e) {
+        return usage("--ep " + std::to_string(ep) + ": cannot create the NCCL communicator: " +
+                     e.what());
+      }
+      if (guard.comm->size() != ep) {
+        return usage("--ep " + std::to_string(ep) + ": the launcher started " +
+                     std::to_string(guard.comm->size()) + " ranks");
+      }
+      ops::set_block_communicator(guard.comm.get());
+      a.ops = {"moe_block"};
+      opt.rewrite = [ep](const Case& c) { return ops::moe_block_case_for_ep(c, ep); };
+      opt.shrink = false;  // every rank must run the same cases
+      std::printf("ep: %d ranks over NCCL %s, this is rank %d on GPU %d\n", ep,
+                  gpu::NcclCommunicator::library_version().c_str(), guard.comm->rank(),
+                  guard.comm->device());
+#else
+      return usage("--ep: this build has no NCCL");
+#endif
+    }
+
+    const bool gpu_impl = impl_name == "moe-gpu";
+    std::printf("moe-harness %s (%s), implementation: %s%s, ties: %s\n", MOE_VERSION, MOE_GIT_REV,
+                impl_name.c_str(), gpu_impl ? (" on " + ops::gpu_description()).c_str() : "",
+                a.ties.c_str());
+
+    Run run;
+    run.impl = impl_name;
+    run.ties = a.ties;
+    run.seed = a.seed;
+    run.cases_per_op = a.cases;
+
+    if (!a.case_line.empty()) {
+      // One case: validated against its op first, so a typo is a usage error, never a FAIL.
+      Case c;
+      try {
+        c = ops::parse_case_for_op(a.case_line);
+      } catch (const std::exception& e) {
+        return usage(std::string("--case: ") + e.what());
+      }
+      const Impl* impl = find_impl(c.op, impl_name);
+      if (!impl) return usage("--case: " + impl_name + " does not implement " + c.op);
+      if (opt.rewrite) {
+        auto rc = opt.rewrite(c);
+        if (!rc) return usage("--case: this case does not run at --ep " + std::to_string(a.ep));
+        c = *rc;
+      }
+      CaseResult r = check_case(*impl, c, opt);
+      if (r.invalid_case) return usage("--case: " + r.report);
+      print_case(std::cout, r, true);
+      OpResult o;
+      o.op = c.op;
+      o.impl = impl_name;
+      (r.verdict == Verdict::passed ? o.passed
+       : r.verdict == Verdict::failed ? o.failed
+                                      : o.not_supported) = 1;
+      o.worst_pct = r.worst_pct;
+      o.seconds = r.seconds;
+      if (!a.save_failures.empty() && r.verdict == Verdict::failed)
+        save_failure(a.save_failures, impl_name, r, std::cout);
+      o.cases.push_back(std::move(r));
+      run.ops.push_back(std::move(o));
+      status = write_reports(run, a.json, a.junit) ? (run.ops[0].failed ? 1 : 0) : 2;
+      return;
+    }
+
+    std::vector<const ops::OpInfo*> to_run;
+    for (auto& n : a.ops)
+      if (!ops::find_op(n)) return usage("--op: unknown op '" + n + "' (see `moe-harness list`)");
+    for (const ops::OpInfo* op : ops::all_ops()) {
+      const bool asked = std::find(a.ops.begin(), a.ops.end(), op->name) != a.ops.end();
+      if (!a.ops.empty() && !asked) continue;
+      // Without --op, a plugin's run covers the ops it implements.
+      if (a.ops.empty() && !find_impl(op->name, impl_name)) continue;
+      to_run.push_back(op);
+    }
+    if (to_run.empty()) return usage("--impl " + impl_name + ": implements none of the ops asked for");
+    std::printf("random cases per op: %d, seed: %llu, jobs: %d\n\n", a.cases,
+                static_cast<unsigned long long>(a.seed), a.jobs);
+    print_table_header(std::cout);
+    for (const ops::OpInfo* op : to_run) {
+      const Impl* impl = find_impl(op->name, impl_name);
+      OpResult o;
+      if (!impl) {
+        o.op = op->name;
+        o.impl = impl_name;
+        o.not_supported = 1;
+        print_table_row(std::cout, o, "NotSupported (" + impl_name + " does not implement it)");
+        run.ops.push_back(std::move(o));
+        continue;
+      }
+      // Failures are printed after the op's row; progress goes to stderr on long runs.
+      auto last = std::chrono::steady_clock::now();
+      const auto start = last;
+      int done = 0;
+      std::set<std::string> edges;
+      o = check_impl(*impl, opt, [&](const CaseResult& r) {
+        ++done;
+        for (auto& e : ops::edge_classes(r.c)) edges.insert(e);
+        if (a.verbose) print_case(std::cout, r, false);
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last > std::chrono::seconds(10)) {
+          std::fprintf(stderr, "  ... %s: %d cases done, %.0f s\n", op->name.c_str(), done,
+                       std::chrono::duration<double>(now - start).count());
+          last = now;
+        }
+      });
+      o.edge_classes.assign(edges.begin(), edges.end());
+      print_table_row(std::cout, o, o.disposition());
+      for (const CaseResult& r : o.cases) {
+        if (r.verdict != Verdict::failed) continue;
+        if (!a.verbose) print_case(std::cout, r, true);
+        if (!a.save_failures.empty()) {
+          try {
+            save_failure(a.save_failures, impl_name, r, std::cout);
+          } catch (const std::exception& e) {
+            std::cout << "  cannot save the failure: " << e.what() << "\n";
+          }
+        }
+      }
+      run.ops.push_back(std::move(o));
+    }
+    print_summary(std::cout, run);
+    bool any_failed = false;
+    int passed = 0;
+    for (auto& o : run.ops) {
+      any_failed |= o.failed > 0;
+      passed += o.passed;
+    }
+#ifdef MOE_WITH_NCCL
+    // Every rank checked the same cases; the run passes only if every rank passed.
+    if (guard.comm) {
+      const int64_t failed_ranks = guard.comm->all_reduce_sum(any_failed ? 1 : 0);
+      std::printf("ranks failing: %lld of %d\n", static_cast<long long>(failed_ranks),
+                  guard.comm->size());
+      any_failed = failed_ranks > 0;
+    }
+#endif
+    if (!write_reports(run, a.json, a.junit)) {
+      status = 2;
+      return;
+    }
+    if (!any_failed && passed == 0) {
+      std::printf("no case was supported by %s: nothing was checked\n", impl_name.c_str());
+      status = 1;
+      return;
+    }
+    status = any_failed ? 1 : 0;
+  });
+}
+
+}  // namespace moe::tools
