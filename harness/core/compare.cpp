@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 
 namespace moe {
 
@@ -34,6 +35,29 @@ Tensor make_bound(TolClass cls, DType out, const Tensor& ref, int64_t n, const T
     const double s = abs_sum ? abs_sum->at(i) : std::fabs(r);
     b.set(i, tol_bound(cls, out, r, n, s));
   }
+  return b;
+}
+
+double rounded_bound(DType out, double want, double exact, double err) {
+  if (!std::isfinite(exact) || !std::isfinite(want) || !std::isfinite(err)) return 0.0;
+  const double lo = round_to(out, exact - std::fabs(err));
+  const double hi = round_to(out, exact + std::fabs(err));
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return ulp(out, want);
+  // want outside the admissible interval is itself wrong (a tampered golden file, a reference
+  // or budget fault): bound 0 reports the element instead of widening the bound around it.
+  if (want < lo || want > hi) return 0.0;
+  return std::max(want - lo, hi - want);
+}
+
+Tensor make_rounded_bound(DType out, const Tensor& want, const Tensor& exact, const Tensor& err) {
+  if (want.shape() != exact.shape() || want.shape() != err.shape()) {
+    throw std::invalid_argument("make_rounded_bound: shapes " + shape_str(want.shape()) + ", " +
+                                shape_str(exact.shape()) + ", " + shape_str(err.shape()) +
+                                " differ");
+  }
+  Tensor b(DType::f64, want.shape());
+  for (int64_t i = 0; i < want.numel(); ++i)
+    b.set(i, rounded_bound(out, want.at(i), exact.at(i), err.at(i)));
   return b;
 }
 

@@ -30,6 +30,21 @@ double tol_bound(TolClass cls, DType out, double ref, int64_t n, double abs_sum)
 Tensor make_bound(TolClass cls, DType out, const Tensor& ref, int64_t n,
                   const Tensor* abs_sum = nullptr);
 
+// Rounding-aware bound [DEVIATION: tighter than SPEC §12's 1 ulp_d]. Where SPEC fixes a kernel's
+// arithmetic as fp32 steps followed by ONE rounding to `out`, a correct result is rnd_out(y) for
+// some y within err of the exact value x, so the admissible results are exactly
+// {rnd_out(v) : v in [x - err, x + err]}, an interval of `out` values (rnd is monotone). The bound
+// of element i is the distance from want to the far end of that interval:
+//   max(|rnd_out(x - err) - want|, |rnd_out(x + err) - want|),
+// 0 for bf16/f16 unless x lies within err of a rounding midpoint (then 1 ulp_out), so an error of
+// even one ulp_out elsewhere fails. exact: f64 unrounded values x; err: f64 absolute error of the
+// fp32 computation (the caller's derivation, fp32 underflow included); want: the reference's
+// rounded output, same shape. Non-finite x or want: bound 0 (must match exactly); an end that
+// overflows `out` gives 1 ulp_out(want); want outside the interval (itself inadmissible): 0.
+Tensor make_rounded_bound(DType out, const Tensor& want, const Tensor& exact, const Tensor& err);
+// One element of make_rounded_bound.
+double rounded_bound(DType out, double want, double exact, double err);
+
 struct Mismatch {
   int64_t index = 0;
   std::vector<int64_t> coord;
