@@ -402,7 +402,7 @@ TEST(TieAwareCompare, AcceptsNearTieRejectsClearMarginAndExactTieFlip) {
   EXPECT_THAT(clear.str(), HasSubstr("outside a near tie"));
   const Report exact = flipped(2);
   EXPECT_FALSE(exact.ok());
-  EXPECT_THAT(exact.str(), HasSubstr("canonical rule"));
+  EXPECT_THAT(exact.str(), HasSubstr("not resolved by the canonical"));
 }
 
 // --- One test per error (SPEC §1.5, §2, §3) ------------------------------------------------------
