@@ -38,3 +38,25 @@ add_test(NAME check_reports
                  $<TARGET_FILE:moe_example_plugin_buggy>)
 set_tests_properties(plugin_example_passes plugin_planted_bugs_caught plugin_abi_mismatch_refused
                      check_bad_case_lines check_reports PROPERTIES LABELS cpu TIMEOUT 600)
+
+# The device-memory variant (kDLCUDA), where the CUDA toolkit is: runs on the GPU machine, and
+# skips (77) without a GPU.
+if(MOE_WITH_CUDA)
+  function(moe_example_cuda_plugin target)
+    add_library(${target} MODULE ${PROJECT_SOURCE_DIR}/examples/plugin/example_cuda_plugin.c)
+    target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include)
+    target_compile_options(${target} PRIVATE -std=c11 -Wall -Wextra -fvisibility=hidden)
+    target_compile_definitions(${target} PRIVATE ${ARGN})
+    target_link_libraries(${target} PRIVATE dlpack::dlpack CUDA::cudart)
+  endfunction()
+  moe_example_cuda_plugin(moe_example_cuda_plugin)
+  moe_example_cuda_plugin(moe_example_cuda_plugin_buggy MOE_EXAMPLE_PLANT_BUGS=1)
+  add_test(NAME plugin_cuda_example_passes
+           COMMAND sh ${_plugin_test} cuda_passes $<TARGET_FILE:moe-harness>
+                   $<TARGET_FILE:moe_example_cuda_plugin>)
+  add_test(NAME plugin_cuda_planted_bug_caught
+           COMMAND sh ${_plugin_test} cuda_buggy $<TARGET_FILE:moe-harness>
+                   $<TARGET_FILE:moe_example_cuda_plugin_buggy>)
+  set_tests_properties(plugin_cuda_example_passes plugin_cuda_planted_bug_caught PROPERTIES
+                       LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77)
+endif()

@@ -5,6 +5,7 @@
 #   abi      a plugin of another ABI version is refused: exit 2 and the reason
 #   usage    bad case lines and names are usage errors (exit 2) naming what is wrong
 #   reports  --json, --junit and --save-failures of a failing run
+#   cuda_passes, cuda_buggy   the device-memory plugin on a GPU (exit 77 without one)
 set -u
 mode=$1 bin=$2 so=$3
 ops="topk_router moe_aux_loss sort_chunks_by_index"
@@ -90,6 +91,15 @@ reports)
   expect_status 0 "$bin" golden verify "$ref"
   expect_status 1 "$bin" golden diff "$ref" "$mine"
   echo "reports: JSON, JUnit and saved golden files as expected"
+  ;;
+cuda_passes | cuda_buggy)
+  "$bin" list | grep -q "no GPU here" && { echo "SKIPPED: no GPU"; exit 77; }
+  want=0
+  [ "$mode" = cuda_buggy ] && want=1
+  expect_status $want "$bin" check --plugin "$so" --cases 30
+  cat "$tmp/out"
+  grep -Eq "^sort_chunks_by_index .* $([ $want = 0 ] && echo Passed || echo Incorrect)" "$tmp/out" ||
+    fail "unexpected disposition"
   ;;
 *) fail "unknown mode $mode" ;;
 esac

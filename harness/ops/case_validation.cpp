@@ -12,7 +12,7 @@ namespace moe::ops {
 
 namespace {
 
-enum class Kind { integer, number, boolean, enumeration, free };
+enum class Kind { integer, number, boolean, int_list, enumeration, free };
 
 struct KeyInfo {
   Kind kind = Kind::integer;
@@ -33,6 +33,18 @@ bool is_number(const std::string& v) {
 bool is_bool(const std::string& v) {
   return v == "true" || v == "false";
 }
+bool is_int_list(const std::string& v) {  // "3,1,8,2" (split sizes, chunk orders)
+  size_t start = 0;
+  while (true) {
+    const size_t comma = v.find(',', start);
+    if (!is_int(v.substr(start, comma == std::string::npos ? std::string::npos : comma - start)))
+      return false;
+    if (comma == std::string::npos) return true;
+    start = comma + 1;
+  }
+}
+// Keys with more distinct string values than this are free-form, not enumerations.
+constexpr size_t kMaxEnumValues = 16;
 
 using Keys = std::map<std::string, KeyInfo>;
 
@@ -47,9 +59,10 @@ Keys learn(const OpInfo& op) {
     for (const Case& c : op.bench_cases()) add(c);
   for (int i = 0; i < 400; ++i) add(op.gen()(rc::Random(0x5eed0000ull + i), 10 + i % 91).value());
   for (auto& [k, info] : keys) {
-    bool ints = true, nums = true, bools = true;
+    bool ints = true, nums = true, bools = true, lists = true;
     for (auto& v : info.values) {
       ints &= is_int(v);
+      lists &= is_int_list(v);
       nums &= is_number(v);
       bools &= is_bool(v) || v == "0" || v == "1";
     }
@@ -61,6 +74,10 @@ Keys learn(const OpInfo& op) {
       info.kind = Kind::integer;
     } else if (nums) {
       info.kind = Kind::number;
+    } else if (lists) {
+      info.kind = Kind::int_list;
+    } else if (info.values.size() > kMaxEnumValues) {
+      info.kind = Kind::free;
     } else {
       info.kind = Kind::enumeration;
     }
@@ -112,6 +129,9 @@ void validate_case(const Case& c) {
         break;
       case Kind::boolean:
         if (!is_bool(v) && v != "0" && v != "1") throw std::invalid_argument(bad + "true or false");
+        break;
+      case Kind::int_list:
+        if (!is_int_list(v)) throw std::invalid_argument(bad + "a comma-separated list of integers");
         break;
       case Kind::enumeration:
         if (!info.values.count(v))

@@ -232,6 +232,11 @@ std::unique_ptr<CallBuffers> make_call_buffers(
     const std::vector<std::pair<std::string, TensorMeta>>& outs) {
   if (memory == Memory::host) return std::make_unique<HostBuffers>(in, outs);
 #ifdef MOE_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw NotSupported("no CUDA GPU for a device-memory implementation");
+  }
   return std::make_unique<DeviceBuffers>(in, outs);
 #else
   throw NotSupported("this build has no CUDA backend");

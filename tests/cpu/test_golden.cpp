@@ -606,7 +606,7 @@ TEST(GoldenTool, VerifyFailsOnATamperedOutputWithReportAndReplay) {
   EXPECT_EQ(r.verdict, "FAIL");
   EXPECT_THAT(r.report, HasSubstr("output.probs"));
   EXPECT_THAT(r.report, HasSubstr("first at ("));
-  EXPECT_THAT(r.replay, HasSubstr("moe-harness check --backend reference --case '" + c.line()));
+  EXPECT_THAT(r.replay, HasSubstr("moe-harness check --impl reference --case '" + c.line()));
   EXPECT_GT(r.worst_pct, 100.0);
 
   std::ostringstream out;
