@@ -238,6 +238,26 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
   return out;
 }
 
+namespace {
+
+// The file's params with every null (SPEC §14: an absent optional parameter) replaced by what the
+// op's to_params gives for the rebuilt case, so a null matches the parameter's default.
+nlohmann::json resolve_nulls(const nlohmann::json& stored, const nlohmann::json& expect) {
+  nlohmann::json out = stored;
+  for (auto& [k, v] : out.items())
+    if (v.is_null() && expect.contains(k)) v = expect.at(k);
+  return out;
+}
+
+std::string null_keys(const nlohmann::json& params) {
+  std::string s;
+  for (auto& [k, v] : params.items())
+    if (v.is_null()) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+}  // namespace
+
 VerifyResult verify_file(const std::string& path, const std::string& backend, TiePolicy ties) {
   VerifyResult r;
   r.path = path;
@@ -248,7 +268,12 @@ VerifyResult verify_file(const std::string& path, const std::string& backend, Ti
     return r;
   };
   const std::string impl_name = backend == "gpu" ? "moe-gpu" : backend;
-  r.replay = "moe-harness golden verify --impl " + impl_name + " " + path;
+  const std::string verify_line = "moe-harness golden verify --impl " + impl_name +
+                                  (ties != TiePolicy::canonical
+                                       ? " --ties " + std::string(tie_policy_name(ties))
+                                       : std::string()) +
+                                  " " + path;
+  r.replay = verify_line;
   try {
     const File f = read_file(path);
     const Header h = check_schema(f, path);
@@ -260,27 +285,44 @@ VerifyResult verify_file(const std::string& path, const std::string& backend, Ti
       throw std::invalid_argument("op " + h.op + " has no from_params/to_params");
     }
     TensorMap in, want;
+    bool backward = false;
     for (auto& [k, t] : f.tensors) {
+      backward |= starts_with(k, "cotangent.");
       (starts_with(k, "input.") || starts_with(k, "cotangent.") ? in : want).emplace(k, t.clone());
     }
     // The case: our own files carry their exact Case line (generator knobs included, which no
     // file stores); any other file is rebuilt from params, dtype, seed and the stored inputs.
-    // Either way the op's to_params must give back the stored params exactly (below).
+    // Either way the op's to_params must give back the stored params (a null stored value, an
+    // absent optional parameter, matches whatever the rebuilt case has).
     Case c;
     auto x = f.metadata.find("x-case");
-    if (x != f.metadata.end()) {
+    const bool own_case = x != f.metadata.end();
+    if (own_case) {
       c = Case::parse(x->second);
       if (c.op != h.op || c.dtype != h.dtype || c.seed != h.seed) {
         throw std::invalid_argument("x-case '" + x->second + "' disagrees with op/dtype/seed");
       }
     } else {
-      c = op->from_params(h.params, h.dtype, h.seed, in);
+      try {
+        c = op->from_params(h.params, h.dtype, h.seed, in);
+      } catch (const nlohmann::json::exception& e) {
+        // check_schema has checked every key's kind, so this is a null the op cannot default.
+        const std::string nulls = null_keys(h.params);
+        throw std::invalid_argument(
+            "params of " + h.op + ": " +
+            (nulls.empty() ? std::string(e.what())
+                           : "null " + nulls + ", and " + h.op +
+                                 " has no default for one of them (" + e.what() + ")"));
+      }
     }
     const Impl* impl = find_impl(h.op, impl_name);
     if (!impl) throw std::invalid_argument("no implementation '" + impl_name + "' of " + h.op);
-    r.replay = replay_command(c, impl_name, ties) + "\n    " + r.replay;
-    const std::string params = format_params(op->to_params(c));
-    if (params != h.params_text) {
+    // A file without x-case replays only as itself: a `check --case` line would regenerate
+    // other inputs from the seed.
+    if (own_case) r.replay = replay_command(c, impl_name, ties) + "\n    " + verify_line;
+    const nlohmann::json expect = op->to_params(c);
+    const std::string params = format_params(expect);
+    if (format_params(resolve_nulls(h.params, expect)) != params) {
       throw std::invalid_argument("params '" + h.params_text +
                                   "' differ from the op's to_params '" + params + "'");
     }
@@ -288,13 +330,55 @@ VerifyResult verify_file(const std::string& path, const std::string& backend, Ti
       const std::string why = impl->unsupported(c);
       if (!why.empty()) throw std::runtime_error(impl_name + " does not support this case: " + why);
     }
-    // The implementation's outputs (poisoned buffers, two runs) against the file's.
+    // What the op's bounds read but the file may lack: the cotangents of a forward-only file
+    // (SPEC §14; its grads are then neither produced nor compared), and outputs a file leaves
+    // out (TE's router returns no saved_scores). They come from the case's generator and the
+    // reference, and only what the file holds is compared.
+    if (!backward) {
+      for (auto& [k, t] : op->make_inputs(c))
+        if (starts_with(k, "cotangent.") && !in.count(k)) in.emplace(k, t.clone());
+    }
+    std::set<std::string> filled;
+    if (h.schema) {
+      std::vector<std::string> missing;
+      for (auto& spec : h.schema->outputs)
+        if (!want.count("output." + spec.name)) missing.push_back("output." + spec.name);
+      if (!missing.empty()) {
+        TensorMap ref = op->reference(c, in, false);
+        for (auto& k : missing) {
+          auto it = ref.find(k);
+          if (it == ref.end()) continue;
+          want.emplace(k, std::move(it->second));
+          filled.insert(k);
+        }
+      }
+    }
+    // The implementation's outputs (poisoned buffers, two runs) against the file's. A built-in
+    // implementation computes every output; a forward-only file's check drops its gradients.
+    Impl run = *impl;
+    if (!backward && run.run_owned) {
+      run.run_owned = [inner = run.run_owned](const Case& cc, const TensorMap& ii) {
+        TensorMap m = inner(cc, ii);
+        std::erase_if(m, [](const auto& kv) { return kv.first.rfind("grad.", 0) == 0; });
+        return m;
+      };
+    }
     std::vector<std::string> notes;
-    const Report rep = ops::compare_impl(*impl, c, in, want, ties, notes);
+    Report rep = ops::compare_impl(run, c, in, want, ties, notes);
+    if (!filled.empty()) {
+      std::erase_if(rep.tensors,
+                    [&](const TensorReport& t) { return filled.count(t.name) > 0; });
+      std::string keys;
+      for (auto& k : filled) keys += (keys.empty() ? "" : ", ") + k;
+      notes.push_back("not in the file, not compared: " + keys);
+    }
+    if (!backward) notes.push_back("forward-only file: gradients not compared");
     r.worst_pct = rep.worst_pct();
     r.verdict = rep.ok() ? "PASS" : "FAIL";
-    if (!rep.ok()) r.report = rep.str();
-    for (auto& n : notes) r.report += "  note: " + n + "\n";
+    if (!rep.ok()) {
+      r.report = rep.str();
+      for (auto& n : notes) r.report += "  note: " + n + "\n";
+    }
   } catch (const std::exception& e) {
     r.verdict = "ERROR";
     r.report = std::string("  ") + e.what() + "\n";

@@ -243,9 +243,15 @@ nlohmann::json to_params(const Case& c) {
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
   Case c = CaseBuilder(kOp, d).seed(seed);
+  // SPEC §14: a null parameter is an absent optional one, i.e. its default.
+  auto get_or = [&j](const char* k, auto dflt) {
+    const nlohmann::json& v = j.at(k);
+    return v.is_null() ? dflt : v.get<decltype(dflt)>();
+  };
   const Tensor& x = in.at("input.x");
   c.set("T", x.dim(0)).set("H", x.dim(1)).set("E", j.at("num_experts").get<int64_t>());
-  set_params<int64_t>(c, j, {"topk", "align_size"});
+  set_params<int64_t>(c, j, {"topk"});
+  c.set("align_size", get_or("align_size", int64_t{0}));
   if (!j.at("roll_to_expert_id").is_null()) {
     c.set("roll_to_expert_id", j.at("roll_to_expert_id").get<int64_t>());
   }

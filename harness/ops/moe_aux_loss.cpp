@@ -240,11 +240,16 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
   c.op = "moe_aux_loss";
   c.dtype = d;
   c.seed = seed;
+  // SPEC §14: a null parameter is an absent optional one, i.e. its default.
+  auto get_or = [&j](const char* k, auto dflt) {
+    const nlohmann::json& v = j.at(k);
+    return v.is_null() ? dflt : v.get<decltype(dflt)>();
+  };
   const Tensor& probs = in.at("input.probs");
   c.set("R", probs.dim(0)).set("C", probs.dim(1));
   c.set("topk", j.at("topk").get<int64_t>()).set("coeff", j.at("coeff").get<double>());
-  c.set("num_experts", j.at("num_experts").get<int64_t>());
-  c.set("total_num_tokens", j.at("total_num_tokens").get<int64_t>());
+  c.set("num_experts", get_or("num_experts", probs.dim(1)));
+  c.set("total_num_tokens", get_or("total_num_tokens", probs.dim(0)));
   c.set("tpe_dtype", std::string(dtype_name(in.at("input.tokens_per_expert").dtype())));
   return c;
 }

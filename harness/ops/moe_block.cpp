@@ -632,15 +632,21 @@ nlohmann::json to_params(const Case& c) {
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
   Case c = CaseBuilder("moe_block", d).seed(seed);
+  // SPEC §14: a null parameter is an absent optional one, i.e. its default.
+  auto get_or = [&j](const char* k, auto dflt) {
+    const nlohmann::json& v = j.at(k);
+    return v.is_null() ? dflt : v.get<decltype(dflt)>();
+  };
   const Tensor& x = in.at("input.x");
   c.set("B", x.dim(0)).set("S", x.dim(1)).set("H", x.dim(2)).set("M", in.at("input.wi_0").dim(2));
-  set_params<int64_t>(
-      c, j,
-      {"num_experts", "topk", "num_groups", "group_topk", "align_size", "ep_size", "dp_size"});
+  set_params<int64_t>(c, j, {"num_experts", "topk"});
+  for (const char* k : {"num_groups", "group_topk", "align_size"}) c.set(k, get_or(k, int64_t{0}));
+  for (const char* k : {"ep_size", "dp_size"}) c.set(k, get_or(k, int64_t{1}));
   set_params<std::string>(
       c, j, {"activation", "score_function", "backend", "probs_dtype", "router_logits_dtype"});
-  set_params<bool>(c, j, {"use_pre_softmax"});
-  set_params<double>(c, j, {"scaling_factor", "aux_loss_coeff"});
+  c.set("use_pre_softmax", get_or("use_pre_softmax", false));
+  c.set("scaling_factor", get_or("scaling_factor", 1.0));
+  c.set("aux_loss_coeff", get_or("aux_loss_coeff", 0.0));
   for (const char* k : {"wi_0_bias", "wi_1_bias", "wo_bias", "expert_bias"}) {
     c.set(k, in.count(std::string("input.") + k) != 0);
   }

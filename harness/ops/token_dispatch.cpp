@@ -421,6 +421,11 @@ nlohmann::json to_params(const Case& c) {
 
 Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMap& in) {
   Case c = CaseBuilder(kOp, d).seed(seed);
+  // SPEC §14: a null parameter is an absent optional one, i.e. its default.
+  auto get_or = [&j](const char* k, auto dflt) {
+    const nlohmann::json& v = j.at(k);
+    return v.is_null() ? dflt : v.get<decltype(dflt)>();
+  };
   const Tensor& x = in.at("input.x");
   const Tensor& map = in.at("input.routing_map");
   const int64_t T = x.dim(0), E = map.dim(1);
@@ -432,8 +437,9 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
     kmin = std::min(kmin, n);
   }
   c.set("T", T).set("E", E).set("H", x.dim(1)).set("K", kmax).set("ragged", T > 0 && kmin != kmax);
-  set_params<int64_t>(c, j, {"num_out_tokens", "align_size"});
-  set_params<bool>(c, j, {"drop_overflow"});
+  set_params<int64_t>(c, j, {"num_out_tokens"});
+  c.set("align_size", get_or("align_size", int64_t{0}));
+  c.set("drop_overflow", get_or("drop_overflow", false));
   const Tensor* probs = find_tensor(in, "input.probs");
   c.set("probs_dtype", probs ? std::string(dtype_name(probs->dtype())) : std::string("none"));
   int64_t zeros = 0;

@@ -483,14 +483,19 @@ Case from_params(const nlohmann::json& j, DType d, uint64_t seed, const TensorMa
   c.op = "topk_router";
   c.dtype = d;
   c.seed = seed;
+  // SPEC §14: a null parameter is an absent optional one, i.e. its default.
+  auto get_or = [&j](const char* k, auto dflt) {
+    const nlohmann::json& v = j.at(k);
+    return v.is_null() ? dflt : v.get<decltype(dflt)>();
+  };
   const Tensor& logits = in.at("input.logits");
   c.set("T", logits.dim(0)).set("E", logits.dim(1));
   c.set("topk", j.at("topk").get<int64_t>());
   c.set("score_function", j.at("score_function").get<std::string>());
-  c.set("use_pre_softmax", j.at("use_pre_softmax").get<bool>());
-  c.set("num_groups", j.at("num_groups").get<int64_t>());
-  c.set("group_topk", j.at("group_topk").get<int64_t>());
-  c.set("scaling_factor", j.at("scaling_factor").get<double>());
+  c.set("use_pre_softmax", get_or("use_pre_softmax", false));
+  c.set("num_groups", get_or("num_groups", int64_t{0}));
+  c.set("group_topk", get_or("group_topk", int64_t{0}));
+  c.set("scaling_factor", get_or("scaling_factor", 1.0));
   c.set("routing_map_format", j.at("routing_map_format").get<std::string>());
   c.set("expert_bias", in.count("input.expert_bias") != 0);
   c.set(
