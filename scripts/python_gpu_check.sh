@@ -133,7 +133,7 @@ def torch_router(case, inputs, outputs):
     outputs["output.probs"].copy_(probs.detach())
     if p["routing_map_format"] == "bitmap_u8":
         nb = (E + 7) // 8
-        bits = F.pad(routed, (0, nb * 8 - E)).view(T, nb, 8).to(torch.int32)
+        bits = F.pad(routed.to(torch.int32), (0, nb * 8 - E)).view(T, nb, 8)
         shifts = torch.arange(8, device=x.device, dtype=torch.int32)
         outputs["output.routing_map"].copy_((bits << shifts).sum(-1).to(torch.uint8))
     else:
