@@ -12,8 +12,8 @@
 #   scripts/python_gpu_check.sh [--cases N] [--seed S]
 #     installs .whl/moe_harness-*-cp312-*.whl when its tag fits this Python, else builds the
 #     package from ./python with the carried nanobind/scikit-build-core (needs the C++ deps the
-#     CMake build needs: Eigen, nlohmann-json, rapidcheck, CLI11, dlpack), into a venv that sees
-#     the system site-packages (torch, jax, cupy); then runs the checks.
+#     CMake build needs: Eigen, nlohmann-json, rapidcheck, CLI11, dlpack), into a directory on
+#     PYTHONPATH (the machine's python3 and its torch, jax, cupy); then runs the checks.
 # Exit: 0 every check passed (under the tie policy reported), 1 a check failed, 2 setup failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,20 +55,21 @@ fi
 
 PY=${PYTHON:-python3}
 echo "python: $($PY --version 2>&1) at $(command -v $PY)"
-VENV=$ROOT/build-py/gpu-venv
-if [ ! -x "$VENV/bin/python" ]; then
-  $PY -m venv --system-site-packages "$VENV" || { echo "cannot create a venv" >&2; exit 2; }
-fi
-VPY=$VENV/bin/python
+# Installed into a target directory on PYTHONPATH, not a venv: the machine's python3 is itself a
+# venv (/opt/torch/.venv) whose torch/JAX/CuPy/numpy a nested venv would not see.
+SITE=$ROOT/build-py/gpu-site
+mkdir -p "$SITE"
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+VPY=$PY
 TAG=$($VPY -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 WHEEL=$(ls "$WHL"/moe_harness-*-"$TAG"-*.whl 2>/dev/null | head -1)
 if [ -n "$WHEEL" ]; then
   echo "installing $WHEEL (built on the prepare machine)"
-  $VPY -m pip install --quiet --no-index --no-deps --force-reinstall "$WHEEL" || exit 2
+  $VPY -m pip install --quiet --no-index --no-deps --upgrade --target "$SITE" "$WHEEL" || exit 2
 else
   echo "no $TAG wheel in .whl/: building ./python here (CPU-only C++ build, a few minutes)"
-  $VPY -m pip install --quiet --no-index --find-links "$WHL" nanobind scikit-build-core || exit 2
-  $VPY -m pip install --quiet --no-index --no-deps --no-build-isolation \
+  $VPY -m pip install --quiet --no-index --no-deps --upgrade --target "$SITE" "$WHL"/*.whl || exit 2
+  $VPY -m pip install --quiet --no-index --no-deps --no-build-isolation --target "$SITE" \
     --config-settings=build-dir="$ROOT/build-py/gpu-ext" ./python || exit 2
 fi
 cd "$ROOT/build-py" || exit 2

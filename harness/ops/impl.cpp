@@ -334,7 +334,7 @@ CaseResult shrink(const Impl& impl, const rc::Shrinkable<Case>& start, CaseResul
       }
       if (!cand) continue;
       CaseResult r = check_case(impl, *cand, opt);
-      if (r.verdict == Verdict::failed) {
+      if (r.verdict == Verdict::failed && !r.invalid_case) {  // an invalid smaller case is no witness
         failed = std::move(r);
         cur = *next;
         progressed = true;
