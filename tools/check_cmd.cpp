@@ -86,11 +86,11 @@ void add_list_command(CLI::App& app, int& status) {
       return;
     }
     const std::vector<std::string> names = impl_names();
-    std::printf("%-34s %-9s %6s", "op", "spec", "named");
+    std::printf("%-34s %-11s %5s", "op", "spec", "named");
     for (auto& n : names) std::printf("  %-10s", n.c_str());
     std::printf("\n");
     for (const ops::OpInfo* op : ops::all_ops()) {
-      std::printf("%-34s %-9s %6zu", op->name.c_str(), op->spec.c_str(),
+      std::printf("%-34s %-12s %5zu", op->name.c_str(), op->spec.c_str(),
                   op->named ? op->named().size() : size_t{0});
       for (auto& n : names) {
         const Impl* impl = find_impl(op->name, n);
