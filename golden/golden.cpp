@@ -268,11 +268,11 @@ VerifyResult verify_file(const std::string& path, const std::string& backend, Ti
     return r;
   };
   const std::string impl_name = backend == "gpu" ? "moe-gpu" : backend;
-  const std::string verify_line = "moe-harness golden verify --impl " + impl_name +
-                                  (ties != TiePolicy::canonical
-                                       ? " --ties " + std::string(tie_policy_name(ties))
-                                       : std::string()) +
-                                  " " + path;
+  const std::string verify_line =
+      "moe-harness golden verify --impl " + impl_name +
+      (ties != TiePolicy::canonical ? " --ties " + std::string(tie_policy_name(ties))
+                                    : std::string()) +
+      " " + path;
   r.replay = verify_line;
   try {
     const File f = read_file(path);
@@ -308,11 +308,11 @@ VerifyResult verify_file(const std::string& path, const std::string& backend, Ti
       } catch (const nlohmann::json::exception& e) {
         // check_schema has checked every key's kind, so this is a null the op cannot default.
         const std::string nulls = null_keys(h.params);
-        throw std::invalid_argument(
-            "params of " + h.op + ": " +
-            (nulls.empty() ? std::string(e.what())
-                           : "null " + nulls + ", and " + h.op +
-                                 " has no default for one of them (" + e.what() + ")"));
+        throw std::invalid_argument("params of " + h.op + ": " +
+                                    (nulls.empty() ? std::string(e.what())
+                                                   : "null " + nulls + ", and " + h.op +
+                                                         " has no default for one of them (" +
+                                                         e.what() + ")"));
       }
     }
     const Impl* impl = find_impl(h.op, impl_name);
@@ -366,8 +366,7 @@ VerifyResult verify_file(const std::string& path, const std::string& backend, Ti
     std::vector<std::string> notes;
     Report rep = ops::compare_impl(run, c, in, want, ties, notes);
     if (!filled.empty()) {
-      std::erase_if(rep.tensors,
-                    [&](const TensorReport& t) { return filled.count(t.name) > 0; });
+      std::erase_if(rep.tensors, [&](const TensorReport& t) { return filled.count(t.name) > 0; });
       std::string keys;
       for (auto& k : filled) keys += (keys.empty() ? "" : ", ") + k;
       notes.push_back("not in the file, not compared: " + keys);

@@ -28,7 +28,8 @@ std::vector<int64_t> chunk_sort_map(const moe::Tensor& split, const moe::Tensor&
   }
   std::vector<int64_t> dst(n);
   for (int64_t c = 0; c < C; ++c)
-    for (int64_t o = 0; o < static_cast<int64_t>(split.at(c)); ++o) dst[start[c] + o] = out_start[c] + o;
+    for (int64_t o = 0; o < static_cast<int64_t>(split.at(c)); ++o)
+      dst[start[c] + o] = out_start[c] + o;
   for (int64_t i = g_bug ? V + 1 : V; i < n; ++i) dst[i] = i;  // --bug: off by one
   return dst;
 }
@@ -63,9 +64,10 @@ int main(int argc, char** argv) {
     moe::register_impl(moe::host_impl("sort_chunks_by_index", "consumer", sort_chunks));
     moe::CheckOptions opt;
     opt.cases = 30;
-    const moe::OpResult r = moe::check_impl(*moe::find_impl("sort_chunks_by_index", "consumer"), opt);
-    std::printf("%-22s %-10s %5s %6s %6s %13s %9s %s\n", "op", "impl", "cases", "passed",
-                "failed", "not_supported", "worst_%", "disposition");
+    const moe::OpResult r =
+        moe::check_impl(*moe::find_impl("sort_chunks_by_index", "consumer"), opt);
+    std::printf("%-22s %-10s %5s %6s %6s %13s %9s %s\n", "op", "impl", "cases", "passed", "failed",
+                "not_supported", "worst_%", "disposition");
     std::printf("%-22s %-10s %5zu %6d %6d %13d %9.1f %s\n", r.op.c_str(), r.impl.c_str(),
                 r.cases.size(), r.passed, r.failed, r.not_supported, r.worst_pct,
                 r.disposition().c_str());

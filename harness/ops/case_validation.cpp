@@ -131,7 +131,8 @@ void validate_case(const Case& c) {
         if (!is_bool(v) && v != "0" && v != "1") throw std::invalid_argument(bad + "true or false");
         break;
       case Kind::int_list:
-        if (!is_int_list(v)) throw std::invalid_argument(bad + "a comma-separated list of integers");
+        if (!is_int_list(v))
+          throw std::invalid_argument(bad + "a comma-separated list of integers");
         break;
       case Kind::enumeration:
         if (!info.values.count(v))

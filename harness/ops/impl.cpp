@@ -280,7 +280,7 @@ CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt) 
       try {
         in = op->make_inputs(c);
         want = op->reference(c, in, false);
-      } catch (const std::invalid_argument& e) {
+      } catch (const std::invalid_argument&) {
         // The case itself is invalid (a bad parameter value): not the implementation's fault.
         res.invalid_case = true;
         throw;
@@ -334,7 +334,8 @@ CaseResult shrink(const Impl& impl, const rc::Shrinkable<Case>& start, CaseResul
       }
       if (!cand) continue;
       CaseResult r = check_case(impl, *cand, opt);
-      if (r.verdict == Verdict::failed && !r.invalid_case) {  // an invalid smaller case is no witness
+      if (r.verdict == Verdict::failed &&
+          !r.invalid_case) {  // an invalid smaller case is no witness
         failed = std::move(r);
         cur = *next;
         progressed = true;

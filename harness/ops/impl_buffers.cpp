@@ -58,6 +58,17 @@ void require_compact(const DLTensor& v, const std::string& what) {
   }
 }
 
+// Reports guard bytes that changed, as the write past the end of name.
+void check_guard(const std::string& name, const uint8_t* guard, std::vector<std::string>& faults) {
+  for (size_t i = 0; i < kGuardBytes; ++i) {
+    if (guard[i] != kGuardByte) {
+      faults.push_back(name + ": written past the end of its buffer (guard byte " +
+                       std::to_string(i) + " changed)");
+      return;
+    }
+  }
+}
+
 // One buffer: data followed by kGuardBytes guard bytes; its DLTensor points at the data.
 struct Slot {
   std::string name;
@@ -92,20 +103,24 @@ class BuffersBase : public CallBuffers {
     s.shape = meta.shape;
     return s;
   }
+  // The host copy `bytes` (data, then guard) of an input must be unchanged and its guard intact.
+  void check_input(const Slot& s, const uint8_t* bytes, const TensorMap& in,
+                   std::vector<std::string>& faults) const {
+    if (s.nbytes && std::memcmp(bytes, in.at(s.name).bytes(), s.nbytes) != 0)
+      faults.push_back(s.name + ": the implementation modified an input");
+    check_guard(s.name, bytes + s.nbytes, faults);
+  }
+  // The host copy of an output becomes a tensor of got; its guard must be intact.
+  void take_output(const Slot& s, const uint8_t* bytes, TensorMap& got,
+                   std::vector<std::string>& faults) const {
+    Tensor t(s.meta.dtype, s.meta.shape);
+    if (s.nbytes) std::memcpy(t.bytes(), bytes, s.nbytes);
+    check_guard(s.name, bytes + s.nbytes, faults);
+    got.emplace(s.name, std::move(t));
+  }
   std::vector<Slot> ins_, outs_;
   TensorViews in_views_, out_views_;
 };
-
-// Reports guard bytes that changed, as the write past the end of name.
-void check_guard(const std::string& name, const uint8_t* guard, std::vector<std::string>& faults) {
-  for (size_t i = 0; i < kGuardBytes; ++i) {
-    if (guard[i] != kGuardByte) {
-      faults.push_back(name + ": written past the end of its buffer (guard byte " +
-                       std::to_string(i) + " changed)");
-      return;
-    }
-  }
-}
 
 class HostBuffers : public BuffersBase {
  public:
@@ -132,18 +147,8 @@ class HostBuffers : public BuffersBase {
   }
   void* stream() const override { return nullptr; }
   void finish(TensorMap& got, std::vector<std::string>& faults) override {
-    for (Slot& s : ins_) {
-      const auto* p = static_cast<const uint8_t*>(s.ptr);
-      if (s.nbytes && std::memcmp(p, in_.at(s.name).bytes(), s.nbytes) != 0)
-        faults.push_back(s.name + ": the implementation modified an input");
-      check_guard(s.name, p + s.nbytes, faults);
-    }
-    for (Slot& s : outs_) {
-      Tensor t(s.meta.dtype, s.meta.shape);
-      if (s.nbytes) std::memcpy(t.bytes(), s.ptr, s.nbytes);
-      check_guard(s.name, static_cast<const uint8_t*>(s.ptr) + s.nbytes, faults);
-      got.emplace(s.name, std::move(t));
-    }
+    for (const Slot& s : ins_) check_input(s, static_cast<const uint8_t*>(s.ptr), in_, faults);
+    for (const Slot& s : outs_) take_output(s, static_cast<const uint8_t*>(s.ptr), got, faults);
   }
 
  private:
@@ -191,21 +196,14 @@ class DeviceBuffers : public BuffersBase {
     cuda_ok(cudaDeviceSynchronize(), "the implementation's CUDA work");
     cuda_ok(cudaGetLastError(), "the implementation's CUDA launches");
     std::vector<uint8_t> host;
-    for (Slot& s : ins_) {
+    auto download = [&](const Slot& s) {
       host.resize(s.nbytes + kGuardBytes);
-      cuda_ok(cudaMemcpy(host.data(), s.ptr, host.size(), cudaMemcpyDeviceToHost), "download");
-      if (s.nbytes && std::memcmp(host.data(), in_.at(s.name).bytes(), s.nbytes) != 0)
-        faults.push_back(s.name + ": the implementation modified an input");
-      check_guard(s.name, host.data() + s.nbytes, faults);
-    }
-    for (Slot& s : outs_) {
-      host.resize(s.nbytes + kGuardBytes);
-      cuda_ok(cudaMemcpy(host.data(), s.ptr, host.size(), cudaMemcpyDeviceToHost), "download");
-      Tensor t(s.meta.dtype, s.meta.shape);
-      if (s.nbytes) std::memcpy(t.bytes(), host.data(), s.nbytes);
-      check_guard(s.name, host.data() + s.nbytes, faults);
-      got.emplace(s.name, std::move(t));
-    }
+      cuda_ok(cudaMemcpy(host.data(), s.ptr, host.size(), cudaMemcpyDeviceToHost),
+              "download " + s.name);
+      return host.data();
+    };
+    for (const Slot& s : ins_) check_input(s, download(s), in_, faults);
+    for (const Slot& s : outs_) take_output(s, download(s), got, faults);
   }
 
  private:

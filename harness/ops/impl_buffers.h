@@ -28,7 +28,8 @@ class CallBuffers {
 };
 
 std::unique_ptr<CallBuffers> make_call_buffers(
-    Memory memory, const TensorMap& in, const std::vector<std::pair<std::string, TensorMeta>>& outs);
+    Memory memory, const TensorMap& in,
+    const std::vector<std::pair<std::string, TensorMeta>>& outs);
 
 DLDataType dl_dtype(DType dt);
 // The moe::DType of a DLPack dtype; throws std::invalid_argument naming `what` otherwise.

@@ -15,7 +15,7 @@
 
 namespace moe::ops {
 
-TiePolicy current_tie_policy();  // canonical outside any scope
+TiePolicy current_tie_policy();   // canonical outside any scope
 void tie_note(std::string note);  // appended to the current scope's notes; dropped outside one
 
 class TieScope {

@@ -55,9 +55,9 @@ using TensorViews = std::map<std::string, DLTensor>;
 
 struct ImplCall {
   const Case& c;
-  std::string params_json;  // SPEC §14 `params` of the case (compact, sorted keys)
-  const TensorViews& in;    // input.*, cotangent.* (read only)
-  const TensorViews& out;   // output.*, grad.*: poisoned, to be written
+  std::string params_json;             // SPEC §14 `params` of the case (compact, sorted keys)
+  const TensorViews& in;               // input.*, cotangent.* (read only)
+  const TensorViews& out;              // output.*, grad.*: poisoned, to be written
   const TensorMap* host_in = nullptr;  // the inputs as moe::Tensors (host copies, any memory)
   void* stream = nullptr;  // Memory::cuda: the cudaStream_t to launch on (null = default stream)
 };
@@ -112,14 +112,14 @@ Impl host_impl(std::string op, std::string name,
 // ---- running the checks ----
 
 struct CheckOptions {
-  int cases = 20;            // random cases per op (plus the named ones unless named = false)
-  uint64_t seed = 1;         // seed of the random cases
-  bool named = true;         // run the op's named cases (SPEC R* regressions, the catalogue)
+  int cases = 20;     // random cases per op (plus the named ones unless named = false)
+  uint64_t seed = 1;  // seed of the random cases
+  bool named = true;  // run the op's named cases (SPEC R* regressions, the catalogue)
   TiePolicy ties = TiePolicy::canonical;
-  bool shrink = true;        // shrink a failing random case to a minimal failing one
-  int jobs = 1;              // cases prepared and compared in parallel (CPU side)
-  std::string replay_extra;  // flags the replay line carries (e.g. "--plugin /p/libx.so")
-  bool keep_outputs = false; // keep a failing case's outputs in CaseResult::outputs
+  bool shrink = true;         // shrink a failing random case to a minimal failing one
+  int jobs = 1;               // cases prepared and compared in parallel (CPU side)
+  std::string replay_extra;   // flags the replay line carries (e.g. "--plugin /p/libx.so")
+  bool keep_outputs = false;  // keep a failing case's outputs in CaseResult::outputs
   // Optional rewrite of every case (e.g. moe_block's cases to an EP size); nullopt drops a case.
   std::function<std::optional<Case>(const Case&)> rewrite;
 };
@@ -128,12 +128,12 @@ enum class Verdict : uint8_t { passed, failed, not_supported };
 std::string_view verdict_name(Verdict v);
 
 struct CaseResult {
-  Case c;                 // the case as run (the shrunk one when shrinking found one)
+  Case c;  // the case as run (the shrunk one when shrinking found one)
   Verdict verdict = Verdict::passed;
-  std::string report;     // mismatch report / failure lines (failed), reason (not_supported)
+  std::string report;  // mismatch report / failure lines (failed), reason (not_supported)
   std::vector<std::string> notes;  // e.g. rows resolved under a tie policy
-  std::string replay;     // the command that replays c
-  std::string original;   // the case line before shrinking (empty when not shrunk)
+  std::string replay;              // the command that replays c
+  std::string original;            // the case line before shrinking (empty when not shrunk)
   double worst_pct = 0, seconds = 0;
   bool named = false;
   bool invalid_case = false;  // the case's own parameters were rejected (not a kernel fault)

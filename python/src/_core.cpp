@@ -148,9 +148,9 @@ nb::dict to_numpy(TensorMap&& m) {
 Tensor from_numpy(nb::handle arr, const std::string& what) {
   nb::module_ np = nb::module_::import_("numpy");
   if (!nb::isinstance(arr, np.attr("ndarray")))
-    throw nb::type_error((what + ": expected a numpy.ndarray, got " +
-                          nb::cast<std::string>(nb::str(arr.type())))
-                             .c_str());
+    throw nb::type_error(
+        (what + ": expected a numpy.ndarray, got " + nb::cast<std::string>(nb::str(arr.type())))
+            .c_str());
   const std::string name = nb::cast<std::string>(arr.attr("dtype").attr("name"));
   DType dt;
   try {
@@ -183,7 +183,8 @@ const moe::ops::OpInfo& op_of(const std::string& name) {
   const moe::ops::OpInfo* op = moe::ops::find_op(name);
   if (!op) {
     std::string names;
-    for (const moe::ops::OpInfo* o : moe::ops::all_ops()) names += (names.empty() ? "" : ", ") + o->name;
+    for (const moe::ops::OpInfo* o : moe::ops::all_ops())
+      names += (names.empty() ? "" : ", ") + o->name;
     throw nb::value_error(("unknown op '" + name + "' (ops: " + names + ")").c_str());
   }
   return *op;
@@ -356,9 +357,8 @@ PyImpl register_python(const std::string& op, nb::object runner, nb::object not_
 
 // check(): every named and random case of op (or the one case_line) through a registered
 // Python implementation.
-nb::dict check(const PyImpl& pyimpl, int cases, uint64_t seed, const std::string& ties,
-               bool named, const nb::dict& fixed_py, std::optional<std::string> case_line,
-               bool shrink) {
+nb::dict check(const PyImpl& pyimpl, int cases, uint64_t seed, const std::string& ties, bool named,
+               const nb::dict& fixed_py, std::optional<std::string> case_line, bool shrink) {
   const std::string& op = pyimpl.op;
   const std::map<std::string, std::string> fixed = fixed_strings(op, fixed_py);
   const std::string impl_name = pyimpl.name;
@@ -448,7 +448,8 @@ nb::dict compare(const Case& c, nb::dict got_py, const std::string& ties) {
   for (auto& [k, t] : want) known += (known.empty() ? "" : ", ") + k;
   for (auto& [k, t] : *got) {
     if (!want.count(k))
-      throw nb::key_error((k + " is not an output of this case (its outputs: " + known + ")").c_str());
+      throw nb::key_error(
+          (k + " is not an output of this case (its outputs: " + known + ")").c_str());
     provides.push_back(k);
   }
   moe::Impl impl;
@@ -463,7 +464,8 @@ nb::dict compare(const Case& c, nb::dict got_py, const std::string& ties) {
       const moe::Shape want_shape(v.shape, v.shape + v.ndim);
       if (t.dtype() != want_dt || t.shape() != want_shape)
         throw std::runtime_error(k + ": got " + t.describe() + ", the case's output is " +
-                                 std::string(moe::dtype_name(want_dt)) + moe::shape_str(want_shape));
+                                 std::string(moe::dtype_name(want_dt)) +
+                                 moe::shape_str(want_shape));
       moe::ops::copy_to_view(t, v, k);
     }
   };
@@ -610,11 +612,14 @@ NB_MODULE(_core, m) {
     d["has_cuda_twin"] = static_cast<bool>(op.gpu);
     return d;
   });
-  m.def("impls", [](const std::string& op) {
-    std::vector<std::vector<std::string>> v;
-    for (const moe::Impl* p : moe::impls(op)) v.push_back({p->op, p->name, p->origin});
-    return v;
-  }, "op"_a = "");
+  m.def(
+      "impls",
+      [](const std::string& op) {
+        std::vector<std::vector<std::string>> v;
+        for (const moe::Impl* p : moe::impls(op)) v.push_back({p->op, p->name, p->origin});
+        return v;
+      },
+      "op"_a = "");
   m.def(
       "cases",
       [](const std::string& op, int n, uint64_t seed, bool named, const nb::dict& fixed) {
