@@ -9,16 +9,17 @@ if(NOT MOE_BUILD_TESTS)
 endif()
 enable_language(C)
 
-function(moe_example_plugin target)
-  add_library(${target} MODULE ${PROJECT_SOURCE_DIR}/examples/plugin/example_plugin.c)
+# moe_example_plugin(target source library definitions...)
+function(moe_example_plugin target source library)
+  add_library(${target} MODULE ${PROJECT_SOURCE_DIR}/examples/plugin/${source})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include)
   target_compile_options(${target} PRIVATE -std=c11 -Wall -Wextra -fvisibility=hidden)
   target_compile_definitions(${target} PRIVATE ${ARGN})
-  target_link_libraries(${target} PRIVATE dlpack::dlpack m)
+  target_link_libraries(${target} PRIVATE dlpack::dlpack ${library})
 endfunction()
-moe_example_plugin(moe_example_plugin)
-moe_example_plugin(moe_example_plugin_buggy MOE_EXAMPLE_PLANT_BUGS=1)
-moe_example_plugin(moe_example_plugin_abi99 MOE_EXAMPLE_ABI_VERSION=99)
+moe_example_plugin(moe_example_plugin example_plugin.c m)
+moe_example_plugin(moe_example_plugin_buggy example_plugin.c m MOE_EXAMPLE_PLANT_BUGS=1)
+moe_example_plugin(moe_example_plugin_abi99 example_plugin.c m MOE_EXAMPLE_ABI_VERSION=99)
 
 set(_plugin_test ${PROJECT_SOURCE_DIR}/examples/plugin/test_plugin.sh)
 add_test(NAME plugin_example_passes
@@ -42,15 +43,9 @@ set_tests_properties(plugin_example_passes plugin_planted_bugs_caught plugin_abi
 # The device-memory variant (kDLCUDA), where the CUDA toolkit is: runs on the GPU machine, and
 # skips (77) without a GPU.
 if(MOE_WITH_CUDA)
-  function(moe_example_cuda_plugin target)
-    add_library(${target} MODULE ${PROJECT_SOURCE_DIR}/examples/plugin/example_cuda_plugin.c)
-    target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include)
-    target_compile_options(${target} PRIVATE -std=c11 -Wall -Wextra -fvisibility=hidden)
-    target_compile_definitions(${target} PRIVATE ${ARGN})
-    target_link_libraries(${target} PRIVATE dlpack::dlpack CUDA::cudart)
-  endfunction()
-  moe_example_cuda_plugin(moe_example_cuda_plugin)
-  moe_example_cuda_plugin(moe_example_cuda_plugin_buggy MOE_EXAMPLE_PLANT_BUGS=1)
+  moe_example_plugin(moe_example_cuda_plugin example_cuda_plugin.c CUDA::cudart)
+  moe_example_plugin(moe_example_cuda_plugin_buggy example_cuda_plugin.c CUDA::cudart
+                     MOE_EXAMPLE_PLANT_BUGS=1)
   add_test(NAME plugin_cuda_example_passes
            COMMAND sh ${_plugin_test} cuda_passes $<TARGET_FILE:moe-harness>
                    $<TARGET_FILE:moe_example_cuda_plugin>)
