@@ -34,6 +34,15 @@ std::string device_description() {
   return buf;
 }
 
+std::string context_error() noexcept {
+  if (device_count() == 0) return {};
+  if (cudaDeviceSynchronize() == cudaSuccess) return {};
+  cudaGetLastError();  // a non-sticky error is cleared by this; a sticky one is not
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) return {};
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
 void check_cuda(int err, const char* what, const char* file, int line) {
   if (err == cudaSuccess) return;
   throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(cudaError_t(err)) + " (" +

@@ -16,6 +16,12 @@ using Stream = CUstream_st*;  // same type as cudaStream_t; nullptr = the defaul
 int device_count();                // 0 when there is no GPU or driver; never throws
 std::string device_description();  // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)"
 
+// Empty while the CUDA context is usable; else the sticky error that killed it (an illegal or
+// misaligned address, a launch failure, a device assert: "cudaErrorIllegalAddress: ..."). After
+// such an error every CUDA call of this process fails, so a checker must stop, not go on.
+// Non-sticky errors pending on the device are cleared. Never throws.
+std::string context_error() noexcept;
+
 // Throws std::runtime_error naming the call, file and line when err != cudaSuccess.
 void check_cuda(int err, const char* what, const char* file, int line);
 #define MOE_CUDA_CHECK(call) \

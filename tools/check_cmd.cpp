@@ -279,9 +279,19 @@ void add_check_command(CLI::App& app, int& status) {
     std::printf("random cases per op: %d, seed: %llu, jobs: %d\n\n", a.cases,
                 static_cast<unsigned long long>(a.seed), a.jobs);
     print_table_header(std::cout);
+    std::string context_lost;  // the op whose case killed the CUDA context
     for (const ops::OpInfo* op : to_run) {
       const Impl* impl = find_impl(op->name, impl_name);
       OpResult o;
+      if (!context_lost.empty() && impl && impl->memory == Memory::cuda) {
+        // Every CUDA call of this process now fails: running the op would only fail every case.
+        o.op = op->name;
+        o.impl = impl_name;
+        o.aborted = true;
+        print_table_row(std::cout, o, "NotRun (CUDA context lost in " + context_lost + ")");
+        run.ops.push_back(std::move(o));
+        continue;
+      }
       if (!impl) {
         o.op = op->name;
         o.impl = impl_name;
@@ -307,7 +317,11 @@ void add_check_command(CLI::App& app, int& status) {
         }
       });
       o.edge_classes.assign(edges.begin(), edges.end());
-      print_table_row(std::cout, o, o.disposition());
+      if (o.aborted) context_lost = op->name;
+      print_table_row(std::cout, o,
+                      o.aborted ? o.disposition() + " (CUDA context lost; " +
+                                      std::to_string(o.not_run) + " cases not run)"
+                                : o.disposition());
       for (const CaseResult& r : o.cases) {
         if (r.verdict != Verdict::failed) continue;
         if (!a.verbose) print_case(std::cout, r, true);
@@ -322,10 +336,17 @@ void add_check_command(CLI::App& app, int& status) {
       run.ops.push_back(std::move(o));
     }
     print_summary(std::cout, run);
+    if (!context_lost.empty()) {
+      std::printf(
+          "CUDA context lost in %s: a case faulted on the device (its report above has the "
+          "replay); the cases and ops after it were not run. Rerun the replay alone, or under "
+          "compute-sanitizer, to see the fault.\n",
+          context_lost.c_str());
+    }
     bool any_failed = false;
     int passed = 0;
     for (auto& o : run.ops) {
-      any_failed |= o.failed > 0;
+      any_failed |= o.failed > 0 || o.aborted;
       passed += o.passed;
     }
 #ifdef MOE_WITH_NCCL

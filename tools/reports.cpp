@@ -110,6 +110,8 @@ std::string json_report(const Run& run) {
                       {"worst_pct_of_tolerance", o.worst_pct},
                       {"seconds", o.seconds},
                       {"disposition", o.disposition()},
+                      {"aborted", o.aborted},
+                      {"not_run", o.not_run},
                       {"edge_classes", o.edge_classes},
                       {"cases", nlohmann::json::array()}};
     for (auto& r : o.cases) {
@@ -123,6 +125,7 @@ std::string json_report(const Run& run) {
       if (r.verdict == Verdict::failed) {
         cj["replay"] = r.replay;
         if (!r.original.empty()) cj["shrunk_from"] = r.original;
+        if (r.context_lost) cj["context_lost"] = true;
       }
       oj["cases"].push_back(std::move(cj));
     }

@@ -58,6 +58,29 @@ Tensor make_ep_counts(const Case& c, int64_t P, int64_t E, int64_t N, int64_t a,
   return A;
 }
 
+A2AArrays spec_a2a_arrays(const Tensor& A, int64_t s, int64_t P, bool forward) {
+  const int64_t L = A.dim(1) / P;
+  // Snd[i][j]: rows rank i sends to rank j in the forward exchange (j's experts of A's row i).
+  auto snd = [&](int64_t i, int64_t j) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < L; ++l) n += static_cast<int64_t>(A.at(i, j * L + l));
+    return n;
+  };
+  A2AArrays a;
+  int64_t in_acc = 0;
+  for (int64_t j = 0; j < P; ++j) {
+    const int64_t send = forward ? snd(s, j) : snd(j, s);
+    int64_t out = 0;
+    for (int64_t i = 0; i < s; ++i) out += forward ? snd(i, j) : snd(j, i);
+    a.send_sizes.push_back(send);
+    a.input_offsets.push_back(in_acc);
+    a.recv_sizes.push_back(forward ? snd(j, s) : snd(s, j));
+    a.output_offsets.push_back(out);
+    in_acc += send;
+  }
+  return a;
+}
+
 int64_t ep_pre_rows(int64_t E, int64_t N, int64_t a) {
   return a > 0 ? N + E * (a - 1) : N;
 }

@@ -28,6 +28,15 @@ std::vector<int64_t> make_group_sizes(const Case& c, int64_t groups, int64_t tot
 Tensor make_ep_counts(const Case& c, int64_t P, int64_t E, int64_t N, int64_t align_size,
                       const std::string& name);
 
+// SPEC §9.2's table for rank s, written out here from the counts alone, independently of the
+// reference (reference/ep.cpp): the ragged all-to-all's checks feed these arrays to the
+// implementation, and ragged_a2a_params' invariants compare every rank's output with them, so a
+// wrong reference offset cannot make the checks agree with it.
+struct A2AArrays {
+  std::vector<int64_t> input_offsets, send_sizes, output_offsets, recv_sizes;  // [P] each
+};
+A2AArrays spec_a2a_arrays(const Tensor& A, int64_t s, int64_t P, bool forward);
+
 // Row counts of §9.5 for a case with N real rows per rank: R_pre = N + E(a-1) and
 // R = P*N + E(a-1) (a > 0), else N and P*N.
 int64_t ep_pre_rows(int64_t E, int64_t N, int64_t a);

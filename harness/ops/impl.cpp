@@ -299,6 +299,16 @@ CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt) 
     res.verdict = Verdict::failed;
     res.report = r.str() + "exception: " + e.what() + "\n";
   }
+  if (res.verdict == Verdict::failed && impl.memory == Memory::cuda) {
+    // A kernel that faults (illegal or misaligned address, trap) kills the context for good:
+    // say so on this case, the one that did it, instead of failing every later case obscurely.
+    const std::string lost = ops::gpu_context_error();
+    if (!lost.empty()) {
+      res.context_lost = true;
+      res.report += "CUDA context lost after this case (" + lost +
+                    "): a sticky error; no further CUDA work can run in this process\n";
+    }
+  }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
@@ -377,13 +387,25 @@ OpResult check_impl(const Impl& impl, const CheckOptions& opt,
     plan.push_back({*c, s});
   }
 
-  auto run_one = [&](size_t i) {
+  // Set once a case kills the CUDA context: later cases are not run (nor shrunk: every smaller
+  // case would fail the same way, for the wrong reason).
+  std::atomic<bool> lost{false};
+  auto run_one = [&](size_t i) -> std::optional<CaseResult> {
+    if (lost.load()) return std::nullopt;
     CaseResult r = check_case(impl, plan[i].c, opt);
-    if (r.verdict == Verdict::failed && opt.shrink && plan[i].shrinkable)
+    if (r.context_lost) lost.store(true);
+    if (r.verdict == Verdict::failed && !r.context_lost && opt.shrink && plan[i].shrinkable)
       r = shrink(impl, *plan[i].shrinkable, std::move(r), opt);
+    if (r.context_lost) lost.store(true);
     return r;
   };
-  auto take = [&](CaseResult r) {
+  auto take = [&](std::optional<CaseResult> maybe) {
+    if (!maybe) {
+      ++out.not_run;
+      return;
+    }
+    CaseResult r = std::move(*maybe);
+    if (r.context_lost) out.aborted = true;
     switch (r.verdict) {
       case Verdict::passed:
         ++out.passed;
@@ -404,13 +426,13 @@ OpResult check_impl(const Impl& impl, const CheckOptions& opt,
     for (size_t i = 0; i < plan.size(); ++i) take(run_one(i));
   } else {
     // Workers take cases in order; results are reported in case order as they become ready.
-    std::vector<std::optional<CaseResult>> results(plan.size());
+    std::vector<std::optional<std::optional<CaseResult>>> results(plan.size());
     std::mutex mu;
     std::condition_variable cv;
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < plan.size();) {
-        CaseResult r = run_one(i);
+        std::optional<CaseResult> r = run_one(i);
         std::lock_guard<std::mutex> g(mu);
         results[i] = std::move(r);
         cv.notify_all();
@@ -421,7 +443,7 @@ OpResult check_impl(const Impl& impl, const CheckOptions& opt,
     for (size_t i = 0; i < plan.size(); ++i) {
       std::unique_lock<std::mutex> lk(mu);
       cv.wait(lk, [&] { return results[i].has_value(); });
-      CaseResult r = std::move(*results[i]);
+      std::optional<CaseResult> r = std::move(*results[i]);
       lk.unlock();
       take(std::move(r));
     }

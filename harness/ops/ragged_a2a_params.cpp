@@ -113,6 +113,22 @@ std::vector<std::string> invariants(const Case& c, const TensorMap& in, const Te
   }
   const A2ADirection dir = parse_a2a_direction(c.s("direction"));
   for (int64_t s = 0; s < P; ++s) {
+    // SPEC §9.2's table, derived here from A alone (not by the reference).
+    const A2AArrays want = spec_a2a_arrays(A, s, P, dir == A2ADirection::forward);
+    for (int64_t j = 0; j < P; ++j) {
+      if (io[s][j] != want.input_offsets[j] || ss[s][j] != want.send_sizes[j] ||
+          oo[s][j] != want.output_offsets[j] || rs[s][j] != want.recv_sizes[j]) {
+        bad.add("rank " + std::to_string(s) + ", peer " + std::to_string(j) +
+                ": arrays (in_off, send, out_off, recv) = (" + std::to_string(io[s][j]) + ", " +
+                std::to_string(ss[s][j]) + ", " + std::to_string(oo[s][j]) + ", " +
+                std::to_string(rs[s][j]) + "), SPEC §9.2 gives (" +
+                std::to_string(want.input_offsets[j]) + ", " + std::to_string(want.send_sizes[j]) +
+                ", " + std::to_string(want.output_offsets[j]) + ", " +
+                std::to_string(want.recv_sizes[j]) + ")");
+      }
+    }
+  }
+  for (int64_t s = 0; s < P; ++s) {
     const ref::RaggedA2AParams o = ref::ragged_a2a_params(A, s, P, opposite(dir));
     for (int64_t j = 0; j < P; ++j) {
       // Adjoint: the opposite direction sends what this one receives, from where it landed.

@@ -68,13 +68,20 @@ TensorMap make_inputs(const Case& c) {
   const Rows r = rows(c);
   const Tensor A = make_ep_counts(c, P, E, N, c.i("align_size", 0), "counts");
   const A2ADirection dir = parse_a2a_direction(c.s("direction", "forward"));
+  // The arrays come from SPEC §9.2's table (ep_family.h), not from the reference's
+  // ragged_a2a_params, so the exchange is judged on offsets derived independently of it.
+  auto i32 = [](const std::vector<int64_t>& v) {
+    Tensor t(DType::i32, {static_cast<int64_t>(v.size())});
+    for (size_t k = 0; k < v.size(); ++k) t.set(static_cast<int64_t>(k), static_cast<double>(v[k]));
+    return t;
+  };
   std::vector<Tensor> io, ss, oo, rs;
   for (int64_t s = 0; s < P; ++s) {
-    ref::RaggedA2AParams p = ref::ragged_a2a_params(A, s, P, dir);
-    io.push_back(std::move(p.input_offsets));
-    ss.push_back(std::move(p.send_sizes));
-    oo.push_back(std::move(p.output_offsets));
-    rs.push_back(std::move(p.recv_sizes));
+    const A2AArrays p = spec_a2a_arrays(A, s, P, dir == A2ADirection::forward);
+    io.push_back(i32(p.input_offsets));
+    ss.push_back(i32(p.send_sizes));
+    oo.push_back(i32(p.output_offsets));
+    rs.push_back(i32(p.recv_sizes));
   }
   TensorMap m;
   m.emplace("input.operand", normal_tensor(c, c.dtype, {P, r.in, H}, "input.operand"));

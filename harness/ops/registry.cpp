@@ -60,6 +60,14 @@ bool gpu_available() {
 #endif
 }
 
+std::string gpu_context_error() {
+#ifdef MOE_WITH_CUDA
+  return gpu::context_error();
+#else
+  return {};
+#endif
+}
+
 std::string gpu_description() {
 #ifdef MOE_WITH_CUDA
   return gpu::device_description();

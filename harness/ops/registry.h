@@ -111,6 +111,9 @@ const OpInfo* find_op(std::string_view name);  // null if unknown
 
 // Whether this build has the CUDA backend and a GPU is visible.
 bool gpu_available();
+// Empty while the CUDA context is usable (always, without the CUDA backend); else the sticky
+// error that killed it (gpu/runtime.cuh: gpu::context_error).
+std::string gpu_context_error();
 std::string gpu_description();  // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)" or why none
 
 }  // namespace moe::ops

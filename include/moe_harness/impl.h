@@ -137,6 +137,9 @@ struct CaseResult {
   double worst_pct = 0, seconds = 0;
   bool named = false;
   bool invalid_case = false;  // the case's own parameters were rejected (not a kernel fault)
+  // The case left the CUDA context dead (a sticky error such as an illegal address): no later
+  // CUDA call of this process can succeed, so the run stops after it (OpResult::aborted).
+  bool context_lost = false;
   TensorMap outputs;          // CheckOptions::keep_outputs: what a failing implementation wrote
 };
 
@@ -146,6 +149,10 @@ struct OpResult {
   int passed = 0, failed = 0, not_supported = 0;
   double worst_pct = 0, seconds = 0;
   std::vector<std::string> edge_classes;  // parameter edges the cases covered
+  // A case killed the CUDA context (CaseResult::context_lost): the op's remaining cases were not
+  // run (not_run of them) and nothing else on the GPU can run in this process.
+  bool aborted = false;
+  int not_run = 0;
   std::string disposition() const;        // Passed, Incorrect, NotSupported
 };
 
