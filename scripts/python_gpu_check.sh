@@ -14,6 +14,7 @@
 #     package from ./python with the carried nanobind/scikit-build-core (needs the C++ deps the
 #     CMake build needs: Eigen, nlohmann-json, rapidcheck, CLI11, dlpack), into a directory on
 #     PYTHONPATH (the machine's python3 and its torch, jax, cupy); then runs the checks.
+#   scripts/python_gpu_check.sh --install-only   # only the install (into build-py/gpu-site)
 # Exit: 0 every check passed (under the tie policy reported), 1 a check failed, 2 setup failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,12 +23,14 @@ WHL=$ROOT/.whl
 CASES=30
 SEED=1
 PREPARE=0
+INSTALL_ONLY=0
 while [ $# -gt 0 ]; do
   case $1 in
     --prepare) PREPARE=1 ;;
+    --install-only) INSTALL_ONLY=1 ;;
     --cases) CASES=$2; shift ;;
     --seed) SEED=$2; shift ;;
-    *) echo "usage: $0 [--prepare] [--cases N] [--seed S]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--prepare | --install-only] [--cases N] [--seed S]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -71,6 +74,10 @@ else
   $VPY -m pip install --quiet --no-index --no-deps --upgrade --target "$SITE" "$WHL"/*.whl || exit 2
   $VPY -m pip install --quiet --no-index --no-deps --no-build-isolation --target "$SITE" \
     --config-settings=build-dir="$ROOT/build-py/gpu-ext" ./python || exit 2
+fi
+if [ $INSTALL_ONLY = 1 ]; then  # scripts/te_conformance.sh: the package, then its own checks
+  echo "installed into $SITE (PYTHONPATH)"
+  exit 0
 fi
 cd "$ROOT/build-py" || exit 2
 MOE_CASES=$CASES MOE_SEED=$SEED exec "$VPY" - <<'EOF'
