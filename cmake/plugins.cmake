@@ -3,7 +3,8 @@
 #   - correct: `check --plugin` passes every op it implements;
 #   - planted bugs: every op fails, with a replay line that reproduces the failure;
 #   - another ABI version: refused with a clear message (exit 2);
-#   - bad case lines: usage errors naming the key (exit 2); JSON and JUnit reports are written.
+#   - bad case lines: usage errors naming the key (exit 2); JSON and JUnit reports are written;
+#   - `bench --impl`: the device-memory build timed next to moe-gpu (GPU), its usage errors (CPU).
 if(NOT MOE_BUILD_TESTS)
   return()
 endif()
@@ -52,6 +53,15 @@ if(MOE_WITH_CUDA)
   add_test(NAME plugin_cuda_planted_bug_caught
            COMMAND sh ${_plugin_test} cuda_buggy $<TARGET_FILE:moe-harness>
                    $<TARGET_FILE:moe_example_cuda_plugin_buggy>)
-  set_tests_properties(plugin_cuda_example_passes plugin_cuda_planted_bug_caught PROPERTIES
-                       LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77)
+  # `bench --impl example-cuda --plugin ...`: the device-memory plugin timed next to moe-gpu.
+  add_test(NAME bench_impl_plugin
+           COMMAND sh ${_plugin_test} cuda_bench $<TARGET_FILE:moe-harness>
+                   $<TARGET_FILE:moe_example_cuda_plugin>)
+  set_tests_properties(plugin_cuda_example_passes plugin_cuda_planted_bug_caught bench_impl_plugin
+                       PROPERTIES LABELS gpu TIMEOUT 600 SKIP_RETURN_CODE 77)
+  # Its usage errors (checked before bench looks for a GPU).
+  add_test(NAME bench_impl_usage
+           COMMAND sh ${_plugin_test} bench_usage $<TARGET_FILE:moe-harness>
+                   $<TARGET_FILE:moe_example_plugin> $<TARGET_FILE:moe_example_cuda_plugin>)
+  set_tests_properties(bench_impl_usage PROPERTIES LABELS cpu TIMEOUT 600)
 endif()

@@ -134,7 +134,7 @@ cudaGraphExec_t capture(const std::function<void(int)>& launch, int i0, int per_
 }  // namespace
 
 TimingStats time_launches_auto(const std::function<void(int)>& launch, int samples,
-                               double min_sample_ms, int max_per_sample) {
+                               double min_sample_ms, int max_per_sample, bool allow_graph) {
   const Stream s = bench_stream();
   auto st = reinterpret_cast<cudaStream_t>(s);
   // Calibrate with direct launches: warm up, time one launch, and where that is shorter than a
@@ -146,7 +146,7 @@ TimingStats time_launches_auto(const std::function<void(int)>& launch, int sampl
   const int per_sample =
       std::clamp(static_cast<int>(std::ceil(min_sample_ms / per)), 1, max_per_sample);
   samples = std::max(samples, 20);
-  cudaGraphExec_t exec = capture(launch, 0, per_sample, st);
+  cudaGraphExec_t exec = allow_graph ? capture(launch, 0, per_sample, st) : nullptr;
   if (exec == nullptr) return time_launches(launch, 2, samples, per_sample, s);
   TimingStats t;
   try {

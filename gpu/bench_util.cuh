@@ -42,9 +42,12 @@ TimingStats time_launches(const std::function<void(int)>& launch, int warmup, in
 
 // On bench_stream(), per_sample chosen so that one sample lasts at least min_sample_ms (from a
 // short calibration run, capped at max_per_sample), each sample one replay of a CUDA graph of
-// per_sample launches when capture works (see above), direct launches otherwise.
+// per_sample launches when capture works (see above), direct launches otherwise. allow_graph =
+// false: direct launches only (a launch function that may synchronise or allocate, such as a
+// plugin's run, must not be captured).
 TimingStats time_launches_auto(const std::function<void(int)>& launch, int samples = 25,
-                               double min_sample_ms = 1.0, int max_per_sample = 1000);
+                               double min_sample_ms = 1.0, int max_per_sample = 1000,
+                               bool allow_graph = true);
 
 // Device-to-device copy bandwidth, counting bytes read plus bytes written (cudaMemcpyAsync of a
 // `bytes` buffer into another; the source is filled first so nothing reads uninitialised memory).

@@ -1,9 +1,10 @@
-// `moe-harness bench [--op NAME]... [--json FILE]`: for every registry op with a CUDA benchmark
-// hook and bench cases, first verify the case (check_gpu on the same parameters at a small size:
-// OpInfo::bench_verify_case, or the row count cut to --verify-rows), then time it with CUDA events
-// (median of >= 20 samples after warm-up, gpu/bench_util.cuh) on inputs that stay on the device:
-// generated there at full size by OpInfo::gpu_bench_device where the record has it, else made on
-// the host by make_inputs and uploaded. Each case's buffers are freed before the next case.
+// `moe-harness bench [--op NAME]... [--case NAME]... [--impl NAME]... [--plugin PATH]...
+// [--json FILE]`: for every registry op with a CUDA benchmark hook and bench cases, first verify
+// the case (check_gpu on the same parameters at a small size: OpInfo::bench_verify_case, or the
+// row count cut to --verify-rows), then time it with CUDA events (median of >= 20 samples after
+// warm-up, gpu/bench_util.cuh) on inputs that stay on the device: generated there at full size by
+// OpInfo::gpu_bench_device where the record has it, else made on the host by make_inputs and
+// uploaded. Each case's buffers are freed before the next case.
 //
 // What a row reports depends on the op (OpInfo::Bench hints):
 //   memory-bound (default)  fwd, bwd rows: GB/s from OpInfo::cost bytes, % of a device-to-device
@@ -13,23 +14,39 @@
 //                           GEMM of equal FLOPs timed in the same run (fwd; fwd + dgrad + wgrad)
 //   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops)
 //
-//   op  case  dir  verified  median_us  min_us  GB/s  %copy  TFLOP/s  %dense  tokens/s  graph
+//   op  case  dir  verified  median_us  min_us  GB/s  %copy  TFLOP/s  %dense  tokens/s  graph  impl
+//
+// --impl NAME (repeatable; default and `--impl moe-gpu`: this project's kernels alone) also times
+// an implementation registered with Memory::cuda (a plugin's, --plugin PATH, or a C++ one) on the
+// same cases of every selected op it implements, against the same copy bandwidth: verified first
+// with check_case at moe-gpu's verification case (VERIFY FAIL with the replay line otherwise),
+// then called at full size on the buffers `check` hands it (harness/ops/impl_bench.h: host inputs
+// from make_inputs, uploaded; poisoned, guarded outputs), timed by direct launches (its run may
+// synchronise: no CUDA graph). Its run does forward and backward in one call, so its row is
+// `fwd+bwd` with cost fwd + bwd bytes; next to it a moe-gpu `fwd+bwd` row whose time is the sum
+// of moe-gpu's fwd and bwd medians of this run (JSON "composed"). The moe-gpu rows of those ops
+// are timed too. A case moe-gpu generates on the device is skipped for NAME (a note) when making
+// its host inputs would be prohibitive (kMaxHostBenchBytes).
 //
 // --json FILE writes the same fields per row (rewritten after every case; "complete": true at the
-// end). Exit status: 0 all cases verified and timed, 1 a verification or a benchmark failed, 2 bad
-// usage or no GPU.
+// end), with "impl" on every row. Exit status: 0 all cases verified and timed, 1 a verification
+// or a benchmark failed, 2 bad usage (an unknown --impl or one with no CUDA implementation of a
+// selected op, a --plugin that cannot be loaded) or no GPU.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "harness/ops/check.h"
+#include "harness/ops/impl_bench.h"
 #include "harness/ops/registry.h"
+#include "moe_harness/impl.h"
 #include "tools/bench_a2a.h"
 #include "tools/commands.h"
 
@@ -88,6 +105,8 @@ enum class Kind { memory, gemm, tokens };
 
 struct Result {
   std::string op, name, line, dir, inputs, kind;
+  std::string impl = "moe-gpu";
+  std::string composed;  // how the time was composed from other rows (empty: measured)
   bool verified = false;
   std::string verify_note, verify_case;
   double median_us = 0, min_us = 0, max_us = 0;
@@ -110,13 +129,14 @@ std::string fmt(const char* f, double v) {
 
 void print_row(const Result& r) {
   const bool mem = r.kind == "memory";
-  std::printf(
-      "%-18s %-18s %-7s %-8s %11.1f %11.1f %8s %6s %8s %7s %10s %5s\n", r.op.c_str(),
-      r.name.c_str(), r.dir.c_str(), r.verified ? "yes" : "FAILED", r.median_us, r.min_us,
-      mem ? fmt("%.0f", r.gbps).c_str() : "-", mem ? fmt("%.1f%%", r.pct_copy).c_str() : "-",
-      r.kind != "memory" ? fmt("%.1f", r.tflops).c_str() : "-",
-      r.kind == "gemm" ? fmt("%.1f%%", r.pct_dense).c_str() : "-",
-      r.kind == "tokens" ? fmt("%.0f", r.tokens_per_s).c_str() : "-", r.graph ? "yes" : "no");
+  std::printf("%-18s %-18s %-7s %-8s %11.1f %11.1f %8s %6s %8s %7s %10s %5s %s\n", r.op.c_str(),
+              r.name.c_str(), r.dir.c_str(), r.verified ? "yes" : "FAILED", r.median_us, r.min_us,
+              mem ? fmt("%.0f", r.gbps).c_str() : "-",
+              mem ? fmt("%.1f%%", r.pct_copy).c_str() : "-",
+              r.kind != "memory" ? fmt("%.1f", r.tflops).c_str() : "-",
+              r.kind == "gemm" ? fmt("%.1f%%", r.pct_dense).c_str() : "-",
+              r.kind == "tokens" ? fmt("%.0f", r.tokens_per_s).c_str() : "-",
+              r.graph ? "yes" : "no", r.impl.c_str());
 }
 
 nlohmann::json to_json(const Result& r) {
@@ -140,7 +160,9 @@ nlohmann::json to_json(const Result& r) {
                       {"gbps", r.gbps},
                       {"pct_copy", r.pct_copy},
                       {"flops", r.flops},
-                      {"tflops", r.tflops}};
+                      {"tflops", r.tflops},
+                      {"impl", r.impl}};
+  if (!r.composed.empty()) j["composed"] = r.composed;
   if (r.alt_bytes > 0) {
     j["alt_bytes"] = r.alt_bytes;
     j["alt_gbps"] = r.alt_gbps;
@@ -296,7 +318,203 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
   return ok;
 }
 
+// Host inputs of a case whose benchmark generates them on the device are made by make_inputs for
+// --impl rows (one thread: sort_chunks_by_index's 7.5 GB case takes 1-3 minutes); above this many
+// bytes moved (cost fwd + bwd, a proxy for the inputs' size) that would take many minutes, and the
+// case is skipped with a note (of the cases: grouped GEMM, FFN and block DeepSeek-like).
+constexpr double kMaxHostBenchBytes = 16e9;
+
+// --impl NAME other than moe-gpu: a user's CUDA implementation of op, timed on case c next to the
+// moe-gpu rows of the same case (gpu_rows; empty when those failed). First verified with
+// check_case at the case moe-gpu is verified at; then c's inputs are made on the host
+// (make_inputs) and uploaded into the buffers `check` hands it (impl_bench.h), and impl.run (one
+// call: forward and backward) is timed by direct launches on bench_stream() (a run may
+// synchronise or allocate: no CUDA graph). One fwd+bwd row; before the first such row of a case,
+// a moe-gpu fwd+bwd row composed of the fwd and bwd medians of gpu_rows (memory-bound ops; the
+// others have a measured fwd+bwd row). Appends its rows to out; returns false when verification
+// failed or the buffers revealed a fault.
+bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, const Case& c,
+                     int samples, int64_t verify_rows, const CheckOptions& copt,
+                     const gpu::CopyBandwidth& copy, const std::vector<Result>& gpu_rows,
+                     bool& composed_done, std::vector<Result>& out) {
+  const std::string name = c.s("name", "");
+  const ops::Cost cost = op.cost ? op.cost(c) : ops::Cost{};
+  const double moved = cost.fwd_bytes + cost.bwd_bytes;
+  if (h.device && moved > kMaxHostBenchBytes) {
+    std::printf(
+        "  note %s %s (%s): skipped: its inputs are generated on the device for moe-gpu; "
+        "made on the host for %s they would be about as large as the %.1f GB it moves "
+        "(limit %.0f GB)\n",
+        op.name.c_str(), name.c_str(), impl.name.c_str(), impl.name.c_str(), moved / 1e9,
+        kMaxHostBenchBytes / 1e9);
+    std::fflush(stdout);
+    return true;
+  }
+  const auto t0 = Clock::now();
+  // Verify first: a failing kernel's timing means nothing.
+  const Case sc = h.verify ? h.verify(c) : small_case(c, verify_rows);
+  const CaseResult v = check_case(impl, sc, copt);
+  if (v.verdict == Verdict::not_supported) {
+    std::printf("  note %s %s (%s): not supported at the verification case: %s\n", op.name.c_str(),
+                name.c_str(), impl.name.c_str(), v.report.c_str());
+    std::fflush(stdout);
+    return true;
+  }
+  bool ok = v.verdict == Verdict::passed;
+  std::string note = ok ? "" : v.report;
+  if (!ok) {
+    std::printf("VERIFY FAIL %s (%s)\n%s  replay: %s\n", sc.line().c_str(), impl.name.c_str(),
+                v.report.c_str(), v.replay.c_str());
+  }
+  const double t_verify = seconds_since(t0);
+  if (impl.unsupported) {
+    const std::string why = impl.unsupported(c);
+    if (!why.empty()) {
+      std::printf("  note %s %s (%s): not supported: %s\n", op.name.c_str(), name.c_str(),
+                  impl.name.c_str(), why.c_str());
+      std::fflush(stdout);
+      return ok;
+    }
+  }
+
+  const auto t1 = Clock::now();
+  const TensorMap in = op.make_inputs(c);
+  const ops::OutputMetas outs = ops::bench_outputs(impl, op, c, in, sc);
+  gpu::device_synchronize();
+  gpu::release_buffer_cache();  // the CUDA twin's buffers, used only to size the outputs
+  // Several independent sets when one set fits in L2, as for moe-gpu (see gpu/bench_util.cuh).
+  const int sets = gpu::rotation_sets(std::max(cost.fwd_bytes, cost.bwd_bytes));
+  std::vector<std::unique_ptr<ops::ImplBench>> benches;
+  for (int k = 0; k < sets; ++k)
+    benches.push_back(std::make_unique<ops::ImplBench>(impl, c, in, outs));
+  const double t_setup = seconds_since(t1);
+
+  const auto t2 = Clock::now();
+  gpu::TimingStats t;
+  try {
+    t = gpu::time_launches_auto(
+        [&](int i) { benches[static_cast<size_t>(i % sets)]->run(gpu::bench_stream()); }, samples,
+        1.0, 1000, /*allow_graph=*/false);
+  } catch (const NotSupported& e) {
+    std::printf("  note %s %s (%s): not supported at this size: %s\n", op.name.c_str(),
+                name.c_str(), impl.name.c_str(), e.what());
+    std::fflush(stdout);
+    return ok;
+  }
+  std::vector<std::string> faults;
+  for (auto& b : benches)
+    for (std::string& f : b->finish()) faults.push_back(std::move(f));
+  benches.clear();  // free the buffers before the next implementation and case
+  gpu::device_synchronize();
+  gpu::release_buffer_cache();
+  if (!faults.empty()) {
+    ok = false;
+    std::printf("BENCH FAULT %s (%s), in the timed runs:\n", c.line().c_str(), impl.name.c_str());
+    for (const std::string& f : faults) {
+      std::printf("  %s\n", f.c_str());
+      note += "timed runs: " + f + "\n";
+    }
+  }
+
+  // The moe-gpu rows of this case tell the kind of row and the dense baseline.
+  const Result* fwd = nullptr;
+  const Result* bwd = nullptr;
+  const Result* both = nullptr;
+  for (const Result& r : gpu_rows) {
+    (r.dir == "fwd" ? fwd : r.dir == "bwd" ? bwd : both) = &r;
+  }
+  std::vector<Result> rows;
+  if (fwd && bwd && !composed_done) {
+    Result r = *fwd;
+    r.dir = "fwd+bwd";
+    r.composed = "fwd median + bwd median";
+    r.verified = fwd->verified && bwd->verified;
+    r.median_us = fwd->median_us + bwd->median_us;
+    r.min_us = fwd->min_us + bwd->min_us;
+    r.max_us = fwd->max_us + bwd->max_us;
+    r.samples = std::min(fwd->samples, bwd->samples);
+    r.per_sample = 0;  // not one timing
+    r.graph = fwd->graph && bwd->graph;
+    r.bytes = fwd->bytes + bwd->bytes;
+    r.gbps = r.bytes / (r.median_us * 1e-6) / 1e9;
+    r.pct_copy = 100.0 * r.gbps / copy.gbps;
+    r.alt_bytes = r.alt_gbps = r.alt_pct_copy = 0;
+    r.alt_note.clear();
+    r.flops = fwd->flops + bwd->flops;
+    r.tflops = r.flops / (r.median_us * 1e-6) / 1e12;
+    if (r.tokens > 0) r.tokens_per_s = r.tokens / (r.median_us * 1e-6);
+    rows.push_back(std::move(r));
+    composed_done = true;
+  }
+  {
+    Result r;
+    r.op = op.name;
+    r.name = name;
+    r.line = c.line();
+    r.dir = "fwd+bwd";
+    r.impl = impl.name;
+    r.inputs = "host";
+    r.kind = gpu_rows.empty() ? "memory" : gpu_rows.front().kind;
+    r.verified = ok;
+    r.verify_note = note;
+    r.verify_case = sc.line();
+    r.median_us = t.median_ms * 1e3;
+    r.min_us = t.min_ms * 1e3;
+    r.max_us = t.max_ms * 1e3;
+    r.samples = t.samples;
+    r.per_sample = t.per_sample;
+    r.sets = sets;
+    r.graph = t.graph;
+    const double sec = t.median_ms * 1e-3;
+    r.bytes = cost.fwd_bytes + cost.bwd_bytes;
+    r.gbps = r.bytes / sec / 1e9;
+    r.pct_copy = 100.0 * r.gbps / copy.gbps;
+    r.flops = cost.fwd_flops + cost.bwd_flops;
+    r.tflops = r.flops / sec / 1e12;
+    if (!gpu_rows.empty()) {
+      const Result& g = gpu_rows.front();
+      r.tokens = g.tokens;
+      if (g.tokens > 0) r.tokens_per_s = g.tokens / sec;
+      r.dense_m = g.dense_m;
+      r.dense_k = g.dense_k;
+      r.dense_n = g.dense_n;
+    }
+    if (both && both->dense_tflops > 0) {  // the dense fwd + dgrad + wgrad of this run
+      r.dense_us = both->dense_us;
+      r.dense_tflops = both->dense_tflops;
+      r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
+    }
+    rows.push_back(std::move(r));
+  }
+  for (const Result& r : rows) print_row(r);
+  for (const Result& r : rows) {
+    if (!r.composed.empty()) {
+      std::printf("  note moe-gpu %s fwd+bwd: %s of the rows above (%s runs both in one call)\n",
+                  r.name.c_str(), r.composed.c_str(), impl.name.c_str());
+    }
+  }
+  std::printf(
+      "  (%s %s %s: host inputs from make_inputs, uploaded; verify %.1f s, setup %.1f s, "
+      "timing %.1f s)\n",
+      impl.name.c_str(), op.name.c_str(), name.c_str(), t_verify, t_setup, seconds_since(t2));
+  std::fflush(stdout);
+  for (Result& r : rows) out.push_back(std::move(r));
+  return ok;
+}
+
+// The implementations named by --impl (other than moe-gpu) with a CUDA implementation of op.
+std::vector<const Impl*> cuda_impls(const ops::OpInfo& op, const std::vector<std::string>& names) {
+  std::vector<const Impl*> v;
+  for (const std::string& n : names) {
+    if (n == "moe-gpu") continue;
+    const Impl* p = find_impl(op.name, n);
+    if (p && p->memory == Memory::cuda) v.push_back(p);
+  }
+  return v;
+}
+
 int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::string>& only_cases,
+              const std::vector<std::string>& impl_args, const CheckOptions& copt,
               const std::string& json_path, int samples, int64_t verify_rows) {
   for (const std::string& name : only_ops) {
     if (!ops::find_op(name)) {
@@ -322,6 +540,41 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
       return 2;
     }
   }
+  // --impl: moe-gpu (this project's kernels; the default) and implementations registered with
+  // Memory::cuda (plugins, C++) that implement a selected op with benchmark cases.
+  std::vector<std::string> impl_list;
+  for (const std::string& a : impl_args) {
+    const std::string n = a == "gpu" ? "moe-gpu" : a;
+    if (std::find(impl_list.begin(), impl_list.end(), n) == impl_list.end()) impl_list.push_back(n);
+  }
+  const bool with_gpu = impl_list.empty() ||
+                        std::find(impl_list.begin(), impl_list.end(), "moe-gpu") != impl_list.end();
+  const std::vector<std::string> registered = impl_names();
+  for (const std::string& n : impl_list) {
+    if (std::find(registered.begin(), registered.end(), n) == registered.end()) {
+      std::string all;
+      for (const std::string& r : registered) all += (all.empty() ? "" : ", ") + r;
+      std::fprintf(stderr,
+                   "--impl: no implementation named '%s' (registered: %s; --plugin PATH loads "
+                   "more)\n",
+                   n.c_str(), all.c_str());
+      return 2;
+    }
+    if (n == "moe-gpu") continue;
+    bool any = false;
+    for (const ops::OpInfo* op : ops::all_ops()) {
+      if (!selected(*op) || hooks_of(*op).cases.empty()) continue;
+      any = any || !cuda_impls(*op, {n}).empty();
+    }
+    if (!any) {
+      std::fprintf(stderr,
+                   "--impl %s: no CUDA (device-memory) implementation of a selected op with "
+                   "benchmark cases; bench times those (`moe-harness check --impl %s` checks "
+                   "it)\n",
+                   n.c_str(), n.c_str());
+      return 2;
+    }
+  }
   if (!ops::gpu_available()) {
     std::fprintf(stderr, "bench: no GPU available (%s)\n", ops::gpu_description().c_str());
     return 2;
@@ -332,9 +585,9 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   std::printf("device: %s\n", device.c_str());
   std::printf("copy bandwidth (cudaMemcpy D2D, %.0f MiB, read+write): %.1f GB/s (median of %d)\n",
               copy.bytes / 1048576.0, copy.gbps, copy.t.samples);
-  std::printf("%-18s %-18s %-7s %-8s %11s %11s %8s %6s %8s %7s %10s %5s\n", "op", "case", "dir",
+  std::printf("%-18s %-18s %-7s %-8s %11s %11s %8s %6s %8s %7s %10s %5s %s\n", "op", "case", "dir",
               "verified", "median_us", "min_us", "GB/s", "%copy", "TFLOP/s", "%dense", "tokens/s",
-              "graph");
+              "graph", "impl");
 
   std::vector<Result> results;
   // The JSON is rewritten after every case, so a run cut short keeps what it measured.
@@ -361,12 +614,16 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   bool all_ok = true;
   for (const ops::OpInfo* op : ops::all_ops()) {
     if (!selected(*op)) continue;
+    // With --impl NAME only, the ops NAME implements (and moe-gpu's rows of them, to compare).
+    const std::vector<const Impl*> others = cuda_impls(*op, impl_list);
+    if (!with_gpu && others.empty()) continue;
     const Hooks h = hooks_of(*op);
     for (const Case& c : h.cases) {
       if (!only_cases.empty() &&
           std::find(only_cases.begin(), only_cases.end(), c.s("name", "")) == only_cases.end()) {
         continue;
       }
+      const size_t first = results.size();
       try {
         all_ok &= bench_case(*op, h, c, samples, verify_rows, copy, results);
       } catch (const std::exception& e) {
@@ -375,6 +632,20 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
         std::fflush(stdout);
       }
       write_json(false);
+      const std::vector<Result> gpu_rows(results.begin() + static_cast<std::ptrdiff_t>(first),
+                                         results.end());
+      bool composed = false;
+      for (const Impl* impl : others) {
+        try {
+          all_ok &= bench_impl_case(*op, *impl, h, c, samples, verify_rows, copt, copy, gpu_rows,
+                                    composed, results);
+        } catch (const std::exception& e) {
+          all_ok = false;
+          std::printf("BENCH ERROR %s (%s): %s\n", c.line().c_str(), impl->name.c_str(), e.what());
+          std::fflush(stdout);
+        }
+        write_json(false);
+      }
     }
   }
   std::printf("bench: %zu rows in %.1f s\n", results.size(), seconds_since(start));
@@ -393,13 +664,23 @@ void add_bench_command(CLI::App& app, int& status) {
       "bench",
       "Verify, then time the CUDA ops' benchmark cases (GB/s vs copy, TFLOP/s vs dense "
       "cuBLAS, tokens/s)");
-  static std::vector<std::string> op_names, case_names;
-  static std::string json_path;
+  static std::vector<std::string> op_names, case_names, impl_args, plugins;
+  static std::string json_path, ties = "canonical";
   static int samples = 25;
   static int64_t verify_rows = 1024;
   cmd->add_option("--op", op_names, "Only these ops (repeatable; see `moe-harness list`)");
   cmd->add_option("--case", case_names,
                   "Only the benchmark cases of this name (repeatable; e.g. for a profiler run)");
+  cmd->add_option("--impl", impl_args,
+                  "Also time this CUDA implementation (repeatable): moe-gpu (the default) or a "
+                  "registered/plugin one, next to moe-gpu on the same cases")
+      ->group("Implementations");
+  cmd->add_option("--plugin", plugins, "Load implementations from this shared library (repeatable)")
+      ->group("Implementations");
+  cmd->add_option("--ties", ties,
+                  "Exact-tie rule when verifying an --impl implementation: canonical, te or any")
+      ->check(CLI::IsMember({"canonical", "te", "any"}))
+      ->group("Implementations");
   cmd->add_option("--json", json_path, "Also write the results to this JSON file");
   cmd->add_option("--samples", samples, "Timed samples per case and direction (>= 20)")
       ->check(CLI::Range(20, 100000));
@@ -424,8 +705,22 @@ void add_bench_command(CLI::App& app, int& status) {
       return;
     }
 #ifdef MOE_WITH_CUDA
+    CheckOptions copt;  // how --impl implementations are verified (check_case)
     try {
-      status = run_bench(op_names, case_names, json_path, samples, verify_rows);
+      std::string flags;
+      for (const std::string& p : plugins) {
+        load_plugin(p);
+        flags += (flags.empty() ? "" : " ") + std::string("--plugin ") + p;
+      }
+      copt.replay_extra = flags;
+      copt.ties = parse_tie_policy(ties);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      status = 2;
+      return;
+    }
+    try {
+      status = run_bench(op_names, case_names, impl_args, copt, json_path, samples, verify_rows);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench: %s\n", e.what());
       status = 2;

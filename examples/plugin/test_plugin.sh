@@ -6,8 +6,12 @@
 #   usage    bad case lines and names are usage errors (exit 2) naming what is wrong
 #   reports  --json, --junit and --save-failures of a failing run
 #   cuda_passes, cuda_buggy   the device-memory plugin on a GPU (exit 77 without one)
+#   cuda_bench   `bench --impl` times the device-memory plugin next to moe-gpu (exit 77 without a
+#                GPU): a verified fwd+bwd row of impl example-cuda with GB/s > 0 in the JSON
+#   bench_usage  `bench --impl` / `--plugin` usage errors (exit 2 naming the value; no GPU needed);
+#                PLUGIN is the host example plugin, an optional 4th argument the device-memory one
 set -u
-mode=$1 bin=$2 so=$3
+mode=$1 bin=$2 so=$3 so2=${4:-}
 ops="topk_router moe_aux_loss sort_chunks_by_index"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -100,6 +104,58 @@ cuda_passes | cuda_buggy)
   cat "$tmp/out"
   grep -Eq "^sort_chunks_by_index .* $([ $want = 0 ] && echo Passed || echo Incorrect)" "$tmp/out" ||
     fail "unexpected disposition"
+  ;;
+cuda_bench)
+  "$bin" list | grep -q "no GPU here" && { echo "SKIPPED: no GPU"; exit 77; }
+  expect_status 0 "$bin" bench --op sort_chunks_by_index --case ep8_l32 --samples 20 \
+    --impl example-cuda --plugin "$so" --json "$tmp/b.json"
+  cat "$tmp/out"
+  grep -Eq "^sort_chunks_by_index +ep8_l32 +fwd\+bwd +yes .* example-cuda$" "$tmp/out" ||
+    fail "no verified fwd+bwd row of example-cuda in the table"
+  grep -Eq "^sort_chunks_by_index +ep8_l32 +fwd\+bwd +yes .* moe-gpu$" "$tmp/out" ||
+    fail "no composed fwd+bwd row of moe-gpu in the table"
+  if command -v python3 >/dev/null; then
+    python3 - "$tmp/b.json" <<'PY' || fail "json: $(cat "$tmp/b.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["complete"], "not complete"
+rows = [r for r in j["results"] if r["impl"] == "example-cuda"]
+assert rows, "no example-cuda row"
+for r in rows:
+    assert r["dir"] == "fwd+bwd" and r["verified"] and r["gbps"] > 0 and r["pct_copy"] > 0, r
+    assert r["bytes"] > 0 and r["median_us"] > 0 and r["samples"] >= 20, r
+gpu = [r for r in j["results"] if r["impl"] == "moe-gpu"]
+assert {r["dir"] for r in gpu} == {"fwd", "bwd", "fwd+bwd"}, gpu
+fwd, bwd, both = ([r for r in gpu if r["dir"] == d][0] for d in ("fwd", "bwd", "fwd+bwd"))
+assert both["composed"] == "fwd median + bwd median", both
+assert abs(both["median_us"] - fwd["median_us"] - bwd["median_us"]) < 1e-6, both
+assert "composed" not in fwd and "composed" not in bwd
+print("json: example-cuda fwd+bwd %.0f GB/s (%.1f%% of copy); moe-gpu fwd+bwd (composed) %.0f GB/s"
+      % (rows[0]["gbps"], rows[0]["pct_copy"], both["gbps"]))
+PY
+  else
+    grep -q '"impl": "example-cuda"' "$tmp/b.json" || fail "json: no example-cuda row"
+    grep -q '"composed": "fwd median + bwd median"' "$tmp/b.json" || fail "json: no composed row"
+  fi
+  ;;
+bench_usage)
+  expect_status 2 "$bin" bench --impl no_such_impl
+  grep -q "no implementation named 'no_such_impl'" "$tmp/out" || fail "unknown impl: $(cat "$tmp/out")"
+  expect_status 2 "$bin" bench --plugin "$so" --impl example
+  grep -q "impl example: no CUDA (device-memory) implementation" "$tmp/out" ||
+    fail "host impl: $(cat "$tmp/out")"
+  expect_status 2 "$bin" bench --impl reference
+  grep -q "impl reference: no CUDA (device-memory) implementation" "$tmp/out" ||
+    fail "reference: $(cat "$tmp/out")"
+  expect_status 2 "$bin" bench --plugin "$tmp/missing.so" --impl example
+  grep -q "cannot load" "$tmp/out" || fail "missing plugin: $(cat "$tmp/out")"
+  if [ -n "$so2" ]; then
+    # The device-memory plugin implements sort_chunks_by_index only.
+    expect_status 2 "$bin" bench --plugin "$so2" --impl example-cuda --op topk_router
+    grep -q "impl example-cuda: no CUDA (device-memory) implementation of a selected op" \
+      "$tmp/out" || fail "op not implemented: $(cat "$tmp/out")"
+  fi
+  echo "bench usage errors: all exit 2 with the expected messages"
   ;;
 *) fail "unknown mode $mode" ;;
 esac
