@@ -20,6 +20,7 @@
 #include "harness/ops/impl_check.h"
 #include "harness/ops/registry.h"
 #include "harness/ops/ties.h"
+#include "harness/ops/unwritten.h"
 
 namespace moe {
 
@@ -222,6 +223,8 @@ Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const 
   const std::string params = op->to_params ? op->to_params(c).dump() : "{}";
   Invocation first = invoke(impl, c, params, in, want);
   const std::set<std::string> filled = fill_unprovided(impl, want, first.got);
+  const std::string masked = mask_unwritten(impl.unwritten, c, in, want, first.got);
+  if (!masked.empty()) notes.push_back(masked);
   Report r;
   {
     TieScope scope(ties, &notes);
@@ -236,6 +239,7 @@ Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const 
   }
   for (auto& f : first.faults) r.failures.push_back(f);
   Invocation second = invoke(impl, c, params, in, want);
+  mask_unwritten(impl.unwritten, c, in, want, second.got);  // uninitialised rows may differ too
   for (auto& f : second.faults) r.failures.push_back("second run: " + f);
   for (auto& [k, v] : first.got) {
     if (filled.count(k)) continue;

@@ -45,6 +45,16 @@ enum class TiePolicy : uint8_t {
 std::string_view tie_policy_name(TiePolicy p);
 TiePolicy parse_tie_policy(std::string_view s);  // throws std::invalid_argument naming the value
 
+// Rows of an output that SPEC leaves to the implementation (SPEC §0 "Unwritten rows"): this
+// project writes zeros there; TE leaves some uninitialised, and SPEC says a comparison against
+// TE must mask them. `te` masks exactly the rows SPEC lists: token_dispatch without padding, the
+// tail rows past the routed ones (§4.3) and the row_id_map entries past each token's count
+// (§4.2); token_combine without padding and merging probs, the rows of grad.permuted no routed
+// slot owns (§5). Masked rows are not compared, in either run, and a note counts them.
+enum class UnwrittenRows : uint8_t { zeros, te };
+std::string_view unwritten_rows_name(UnwrittenRows u);
+UnwrittenRows parse_unwritten_rows(std::string_view s);  // throws std::invalid_argument
+
 // DLPack 0.6 (Debian's libdlpack-dev) has no bool code; this is DLPack >= 0.8's kDLBool, which
 // PyTorch, JAX and CuPy also use. Bool tensors (routing maps) are 1 byte per element, 0 or 1.
 inline constexpr uint8_t kMoeDLBool = 6;
@@ -74,6 +84,7 @@ struct Impl {
   std::string origin;  // "built-in", "C++", "plugin /path/libx.so", "python"
   Memory memory = Memory::host;
   bool deterministic = true;  // false: the two-run bitwise comparison is reported, not failed
+  UnwrittenRows unwritten = UnwrittenRows::zeros;  // te: SPEC's TE-unwritten rows not compared
   // The output.* and grad.* keys it writes; the others are not compared. Empty: all of them.
   std::vector<std::string> provides;
   // Empty when c is supported, else why not (NotSupported). Optional; run may also throw
@@ -140,7 +151,7 @@ struct CaseResult {
   // The case left the CUDA context dead (a sticky error such as an illegal address): no later
   // CUDA call of this process can succeed, so the run stops after it (OpResult::aborted).
   bool context_lost = false;
-  TensorMap outputs;          // CheckOptions::keep_outputs: what a failing implementation wrote
+  TensorMap outputs;  // CheckOptions::keep_outputs: what a failing implementation wrote
 };
 
 struct OpResult {
@@ -153,7 +164,7 @@ struct OpResult {
   // run (not_run of them) and nothing else on the GPU can run in this process.
   bool aborted = false;
   int not_run = 0;
-  std::string disposition() const;        // Passed, Incorrect, NotSupported
+  std::string disposition() const;  // Passed, Incorrect, NotSupported
 };
 
 // One case through impl: poisoned outputs, compared with the reference (tie-aware per

@@ -302,7 +302,10 @@ def token_dispatch(case, inputs, outputs):
     a = int(p.get("align_size") or 0)
     rows = outputs["output.permuted"].shape[0]
     st = dispatch_forward(te, x, rmap, probs, int(p["num_out_tokens"]), a, rows)
-    items = [("output.permuted", st["permuted"], "te_moe::permute_mask_map_fwd")]
+    items = [("output.permuted", st["permuted"], "te_moe::permute_mask_map_fwd"),
+             # compared on the first n_t entries of each half and the count: the rest TE leaves
+             # stale (common/triton/permutation.py:186-201), masked by unwritten="te" (SPEC §4.2)
+             ("output.row_id_map", st["row_id_map"], "make_row_id_map")]
     if probs is not None:
         items.append(("output.permuted_probs", st["permuted_probs"],
                       "te_moe::permute_mask_map_fwd"))
@@ -454,10 +457,6 @@ def sort_chunks_by_index(case, inputs, outputs):
 # Outputs the harness compares that these implementations do not provide, and why.
 NOT_PROVIDED = {
     "token_dispatch": {
-        "output.row_id_map":
-            "TE lays it out differently in the unused entries: pass 3 stores only the first n_t "
-            "row ids and experts (TE common/triton/permutation.py:186-201), leaving stale pass-2 "
-            "values / uninitialized memory where SPEC §4.2 has -1; not converted",
         "output.tokens_per_expert":
             "TE's mask-map permute returns no per-expert counts (moe_permute, "
             "moe_permute_with_probs: TE pytorch/permutation.py:918-921, 957-960); only the padded "

@@ -10,7 +10,8 @@ backward on a GPU. Writes one JSON file.
 
 Options: --cases N (random cases per op, default 20) --seed S (default 1) --device cuda|cpu
 --json OUT --ops a,b (default: all of token_dispatch, token_combine, sort_chunks_by_index)
---no-timing --timing-runs R (default 20) --ties canonical|te|any (these ops have no top-k; the
+--no-timing --timing-runs R (default 20) --unwritten te|zeros (default te: the rows SPEC §0
+lets TE leave uninitialised are not compared) --ties canonical|te|any (these ops have no top-k; the
 policy is recorded) --no-shrink (failing random cases reported as drawn) --no-classify
 --case LINE (one case: a replay) --max-elems M (CPU only: cases with a tensor of more than M elements are skipped and counted as
 skipped; the Triton interpreter is slow).
@@ -217,7 +218,7 @@ def check_op(op, args):
         impl = _capped(impl, args.max_elems, moe_harness.NotSupported)
     kw = dict(cases=args.cases, seed=args.seed, framework="torch", device=args.device,
               ties=args.ties, named=True, provides=tp.provides(op), name="te_triton_" + op,
-              shrink=args.shrink)
+              shrink=args.shrink, unwritten=args.unwritten)
     if args.case:
         kw["case"] = args.case
     t0 = time.time()
@@ -427,6 +428,9 @@ def parse_args(argv):
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--timing-runs", type=int, default=20)
     ap.add_argument("--ties", choices=("canonical", "te", "any"), default="canonical")
+    # SPEC §0: a comparison against TE masks the rows TE leaves uninitialised; --unwritten zeros
+    # demands this project's zeros there instead (every such row then fails).
+    ap.add_argument("--unwritten", choices=("te", "zeros"), default="te")
     ap.add_argument("--max-elems", type=int, default=0)
     ap.add_argument("--case", default=None, metavar="LINE",
                     help="check only this case line (a replay; its op is taken from the line)")

@@ -227,7 +227,7 @@ def _impl_label(impl):
     return getattr(impl, "__qualname__", None) or getattr(impl, "__name__", None) or type(impl).__name__
 
 
-def _register(op, impl, framework, device, name, deterministic, provides):
+def _register(op, impl, framework, device, name, deterministic, provides, unwritten="zeros"):
     from ._frameworks import make_runner
     if op not in _core.ops():
         raise ValueError("unknown op %r (ops: %s)" % (op, ", ".join(_core.ops())))
@@ -238,20 +238,24 @@ def _register(op, impl, framework, device, name, deterministic, provides):
     label = name or "python-" + "".join(ch if ch.isalnum() or ch in "_-" else "_"
                                          for ch in _impl_label(impl))
     runner = make_runner(impl, framework, device, Case._wrap, NotSupported)
-    return _core.register_python(op, runner, NotSupported, label, bool(deterministic), provides)
+    return _core.register_python(op, runner, NotSupported, label, bool(deterministic), provides,
+                                 unwritten)
 
 
 def check(op, impl, cases=100, seed=1, ties="canonical", framework="numpy", device=None,
           named=True, provides=None, deterministic=True, name=None, case=None, shrink=True,
-          **fixed_params):
+          unwritten="zeros", **fixed_params):
     """Checks impl on every named case of op and `cases` random ones (seed), as `moe-harness
     check --impl` checks a C++ implementation: poisoned outputs, guard bytes, two runs bitwise
     equal (unless deterministic=False), the tie policy `ties` (canonical, te, any), failing random
     cases shrunk. impl(case, inputs, outputs) gets framework arrays on device (numpy: the host
     buffers themselves). provides: the output.*/grad.* keys it computes (default: all).
-    case: check this one case line only (a replay). fixed_params: as for cases().
+    case: check this one case line only (a replay). unwritten="te": the rows SPEC §0 lets
+    TransformerEngine leave uninitialised (unpadded dispatch tail and row_id_map past each
+    token's count, combine's unowned grad.permuted rows) are not compared; "zeros" (default):
+    SPEC's zeros are demanded. fixed_params: as for cases().
     Returns a CheckResult; raises AssertionError with every failing case's report and replay."""
-    pyimpl = _register(op, impl, framework, device, name, deterministic, provides)
+    pyimpl = _register(op, impl, framework, device, name, deterministic, provides, unwritten)
     try:
         r = _core.check(pyimpl, int(cases), int(seed), ties, bool(named), fixed_params,
                         None if case is None else str(case), bool(shrink))
@@ -266,6 +270,8 @@ def check(op, impl, cases=100, seed=1, ties="canonical", framework="numpy", devi
         args += ", ties=%r" % ties
     if provides:
         args += ", provides=%r" % list(provides)
+    if unwritten != "zeros":
+        args += ", unwritten=%r" % unwritten
 
     def replay(line):
         s = "moe_harness.check(%r, %s, case=%r%s)" % (op, _impl_label(impl), line, args)

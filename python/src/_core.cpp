@@ -314,7 +314,8 @@ nb::dict case_result(const moe::CaseResult& r) {
 
 std::string register_python_impl(const std::string& op, const std::string& name,
                                  std::shared_ptr<PyState> st, bool deterministic,
-                                 const std::vector<std::string>& provides) {
+                                 const std::vector<std::string>& provides,
+                                 const std::string& unwritten = "zeros") {
   op_of(op);
   moe::Impl impl;
   impl.op = op;
@@ -323,6 +324,7 @@ std::string register_python_impl(const std::string& op, const std::string& name,
   impl.memory = moe::Memory::host;
   impl.deterministic = deterministic;
   impl.provides = provides;
+  impl.unwritten = moe::parse_unwritten_rows(unwritten);
   impl.serial = true;
   st->name = impl.name;
   impl.run = [st](const moe::ImplCall& call) { run_python(st, call); };
@@ -342,13 +344,13 @@ struct PyImpl {
 
 PyImpl register_python(const std::string& op, nb::object runner, nb::object not_supported,
                        const std::string& name, bool deterministic,
-                       const std::vector<std::string>& provides) {
+                       const std::vector<std::string>& provides, const std::string& unwritten) {
   auto st = std::make_shared<PyState>();
   st->runner = runner;
   st->not_supported = not_supported;
   std::string registered;
   try {
-    registered = register_python_impl(op, name, st, deterministic, provides);
+    registered = register_python_impl(op, name, st, deterministic, provides, unwritten);
   } catch (const std::invalid_argument& e) {
     throw nb::value_error(e.what());
   }
@@ -636,7 +638,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("name", [](const PyImpl& p) { return p.name; })
       .def("release", &PyImpl::release);
   m.def("register_python", &register_python, "op"_a, "runner"_a, "not_supported"_a, "name"_a,
-        "deterministic"_a, "provides"_a);
+        "deterministic"_a, "provides"_a, "unwritten"_a = "zeros");
   m.def("check", &check, "impl"_a, "cases"_a, "seed"_a, "ties"_a, "named"_a, "fixed"_a,
         "case_line"_a.none(), "shrink"_a);
   m.def("compare", &compare, "case"_a, "outputs"_a, "ties"_a);

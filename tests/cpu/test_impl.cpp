@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "harness/core/params/router.h"
-#include "harness/ops/router_family.h"
 #include "harness/ops/case_validation.h"
 #include "harness/ops/registry.h"
+#include "harness/ops/router_family.h"
 #include "harness/ops/ties.h"
 #include "moe_harness/impl.h"
 #include "reference/topk_router.h"
@@ -18,7 +18,9 @@ using namespace moe;
 
 namespace {
 
-const ops::OpInfo& router() { return *ops::find_op("topk_router"); }
+const ops::OpInfo& router() {
+  return *ops::find_op("topk_router");
+}
 
 Case named_router_case(const std::string& name) {
   for (const Case& c : router().named())
@@ -64,7 +66,8 @@ TEST(TiePolicy, ExactTieViolationNamesThePreferredExpert) {
   auto picked = [](std::vector<int64_t> s) {
     return [s](int64_t e) { return std::find(s.begin(), s.end(), e) != s.end(); };
   };
-  EXPECT_EQ(ops::exact_tie_violation(TiePolicy::canonical, 0, 8, 3, picked({0, 1, 2}), all, same), "");
+  EXPECT_EQ(ops::exact_tie_violation(TiePolicy::canonical, 0, 8, 3, picked({0, 1, 2}), all, same),
+            "");
   EXPECT_EQ(ops::exact_tie_violation(TiePolicy::te, 0, 8, 3, picked({0, 4, 2}), all, same), "");
   const std::string v =
       ops::exact_tie_violation(TiePolicy::canonical, 0, 8, 3, picked({0, 4, 2}), all, same);
@@ -82,30 +85,31 @@ TEST(ImplJudge, TheReferenceAsAnImplementationPasses) {
 
 // An implementation that selects exact ties by TE's naive rule (same fp32 scores otherwise).
 TEST(ImplJudge, TeTieBreakingPassesUnderTeOnly) {
-  Impl te = host_impl("topk_router", "te-like", [](const Case& c, const TensorMap& in,
-                                                     TensorMap& out) {
-    const RouterParams p = ops::router_params(c);
-    const Tensor& logits = in.at("input.logits");
-    const TensorMap r = router().reference(c, in, false);
-    const Tensor& scores = r.at("output.saved_scores");  // sigmoid: the fp32 scores
-    const int64_t T = logits.dim(0), E = logits.dim(1);
-    Tensor map(DType::boolean, {T, E});
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int64_t> order(E);
-      for (int64_t e = 0; e < E; ++e) order[e] = e;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        if (scores.at(t, a) != scores.at(t, b)) return scores.at(t, a) > scores.at(t, b);
-        return ops::tie_rank(TiePolicy::te, a, E, p.topk) < ops::tie_rank(TiePolicy::te, b, E, p.topk);
+  Impl te =
+      host_impl("topk_router", "te-like", [](const Case& c, const TensorMap& in, TensorMap& out) {
+        const RouterParams p = ops::router_params(c);
+        const Tensor& logits = in.at("input.logits");
+        const TensorMap r = router().reference(c, in, false);
+        const Tensor& scores = r.at("output.saved_scores");  // sigmoid: the fp32 scores
+        const int64_t T = logits.dim(0), E = logits.dim(1);
+        Tensor map(DType::boolean, {T, E});
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<int64_t> order(E);
+          for (int64_t e = 0; e < E; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+            if (scores.at(t, a) != scores.at(t, b)) return scores.at(t, a) > scores.at(t, b);
+            return ops::tie_rank(TiePolicy::te, a, E, p.topk) <
+                   ops::tie_rank(TiePolicy::te, b, E, p.topk);
+          });
+          for (int64_t i = 0; i < p.topk; ++i) map.set(t, order[i], 1.0);
+        }
+        ref::TopkRouterFwd f = ref::topk_router_fwd_forced(logits, nullptr, p, map);
+        out.at("output.probs") = std::move(f.probs);
+        out.at("output.routing_map") = f.routing_map.clone();
+        out.at("output.saved_scores") = f.saved_scores.clone();
+        out.at("grad.logits") =
+            ref::topk_router_bwd(in.at("cotangent.probs"), f.routing_map, f.saved_scores, p);
       });
-      for (int64_t i = 0; i < p.topk; ++i) map.set(t, order[i], 1.0);
-    }
-    ref::TopkRouterFwd f = ref::topk_router_fwd_forced(logits, nullptr, p, map);
-    out.at("output.probs") = std::move(f.probs);
-    out.at("output.routing_map") = f.routing_map.clone();
-    out.at("output.saved_scores") = f.saved_scores.clone();
-    out.at("grad.logits") =
-        ref::topk_router_bwd(in.at("cotangent.probs"), f.routing_map, f.saved_scores, p);
-  });
   // R13_A (sigmoid, E = 8, K = 3, exact ties) at the first seed where the two rules disagree.
   Case c = named_router_case("R13_A");
   for (c.seed = 1; c.seed < 500; ++c.seed) {
@@ -128,17 +132,17 @@ TEST(ImplJudge, TeTieBreakingPassesUnderTeOnly) {
 }
 
 TEST(ImplJudge, AnUnwrittenOutputIsCaughtByThePoison) {
-  Impl lazy = host_impl("topk_router", "lazy", [](const Case& c, const TensorMap& in,
-                                                  TensorMap& out) {
-    TensorMap r = router().reference(c, in, false);
-    for (auto& [k, t] : out) {
-      if (k != "grad.logits") {
-        t = r.at(k).clone();
-        continue;
-      }
-      for (int64_t i = 0; i + 1 < t.numel(); ++i) t.set(i, r.at(k).at(i));  // not the last one
-    }
-  });
+  Impl lazy =
+      host_impl("topk_router", "lazy", [](const Case& c, const TensorMap& in, TensorMap& out) {
+        TensorMap r = router().reference(c, in, false);
+        for (auto& [k, t] : out) {
+          if (k != "grad.logits") {
+            t = r.at(k).clone();
+            continue;
+          }
+          for (int64_t i = 0; i + 1 < t.numel(); ++i) t.set(i, r.at(k).at(i));  // not the last one
+        }
+      });
   const CaseResult r = run(lazy, named_router_case("R15_bias"));
   EXPECT_EQ(r.verdict, Verdict::failed);
   EXPECT_NE(r.report.find("grad.logits: 1 of"), std::string::npos) << r.report;
@@ -160,17 +164,21 @@ Impl raw(const std::string& name, std::function<void(const ImplCall&, const Tens
 
 TEST(ImplJudge, WritesPastTheEndAndModifiedInputsAreFaults) {
   const Case c = named_router_case("R15_bias");
-  const CaseResult past = run(raw("past", [](const ImplCall& call, const TensorMap& r) {
-                                auto& v = call.out.at("output.probs");
-                                static_cast<uint8_t*>(v.data)[r.at("output.probs").nbytes()] = 0;
-                              }),
+  const CaseResult past = run(raw("past",
+                                  [](const ImplCall& call, const TensorMap& r) {
+                                    auto& v = call.out.at("output.probs");
+                                    static_cast<uint8_t*>(v.data)[r.at("output.probs").nbytes()] =
+                                        0;
+                                  }),
                               c);
   EXPECT_EQ(past.verdict, Verdict::failed);
   EXPECT_NE(past.report.find("output.probs: written past the end"), std::string::npos)
       << past.report;
-  const CaseResult in_place = run(raw("in-place", [](const ImplCall& call, const TensorMap&) {
-                                    static_cast<float*>(call.in.at("input.logits").data)[0] += 1;
-                                  }),
+  const CaseResult in_place = run(raw("in-place",
+                                      [](const ImplCall& call, const TensorMap&) {
+                                        static_cast<float*>(call.in.at("input.logits").data)[0] +=
+                                            1;
+                                      }),
                                   c);
   EXPECT_EQ(in_place.verdict, Verdict::failed);
   EXPECT_NE(in_place.report.find("input.logits: the implementation modified an input"),
@@ -231,7 +239,8 @@ TEST(CaseValidation, NamesTheKeyAndTheAllowedValues) {
     return std::string("accepted");
   };
   EXPECT_EQ(message(base + "score_function=sigmoid"), "accepted");
-  EXPECT_NE(message(base + "bogus=1").find("unknown key 'bogus' for topk_router"), std::string::npos);
+  EXPECT_NE(message(base + "bogus=1").find("unknown key 'bogus' for topk_router"),
+            std::string::npos);
   EXPECT_NE(message(base + "T=5").find("key 'T' repeated"), std::string::npos);
   EXPECT_NE(message(base + "score_function=relu").find("allowed: sigmoid, softmax, sqrtsoftplus"),
             std::string::npos);
@@ -244,4 +253,64 @@ TEST(CaseValidation, NamesTheKeyAndTheAllowedValues) {
     for (int i = 0; i < 50; ++i)
       EXPECT_NO_THROW(ops::validate_case(op->gen()(rc::Random(977 + i), 50).value()));
   }
+}
+
+// SPEC §0 "Unwritten rows": TE leaves the unpadded dispatch tail and row_id_map past each
+// token's count unwritten. Under UnwrittenRows::te exactly those are not compared; every owned
+// row still is.
+TEST(ImplJudge, UnwrittenRowsTeMasksOnlyTheRowsSpecLists) {
+  const ops::OpInfo& op = *ops::find_op("token_dispatch");
+  Case c;
+  for (const Case& n : op.named())
+    if (n.s("name", "") == "odd_ragged_tail") c = n;
+  ASSERT_EQ(c.s("name", ""), "odd_ragged_tail");
+  // Leaves what TE leaves (the poison stays), or also breaks row 0 of permuted (owned).
+  auto te_like = [&op](bool break_owned) {
+    Impl impl = host_impl("token_dispatch", break_owned ? "te-like-broken" : "te-like",
+                          [&op, break_owned](const Case& c, const TensorMap& in, TensorMap& out) {
+                            TensorMap r = op.reference(c, in, false);
+                            const Tensor& map = in.at("input.routing_map");
+                            int64_t routed = 0;
+                            for (int64_t i = 0; i < map.numel(); ++i) routed += map.at(i) != 0;
+                            for (auto& [k, t] : out) {
+                              const Tensor& w = r.at(k);
+                              if (k == "output.permuted" || k == "output.permuted_probs") {
+                                const size_t row = w.nbytes() / static_cast<size_t>(w.dim(0));
+                                std::memcpy(t.bytes(), w.bytes(),
+                                            row * static_cast<size_t>(routed));  // tail unwritten
+                              } else if (k == "output.row_id_map") {
+                                const int64_t E = (w.dim(1) - 1) / 2;
+                                for (int64_t tk = 0; tk < w.dim(0); ++tk) {
+                                  const int64_t n = static_cast<int64_t>(w.at(tk, 2 * E));
+                                  t.set(tk, 2 * E, n);
+                                  for (int64_t j = 0; j < n; ++j)
+                                    t.set(tk, j, w.at(tk, j)), t.set(tk, E + j, w.at(tk, E + j));
+                                }
+                              } else {
+                                t = w.clone();
+                              }
+                            }
+                            if (break_owned) out.at("output.permuted").set(0, 0, 1234.0);
+                          });
+    return impl;
+  };
+  const Tensor& map = op.make_inputs(c).at("input.routing_map");
+  int64_t routed = 0;
+  for (int64_t i = 0; i < map.numel(); ++i) routed += map.at(i) != 0;
+  ASSERT_LT(routed, c.i("num_out_tokens")) << "the case must have an unwritten tail";
+
+  Impl lenient = te_like(false);
+  EXPECT_EQ(run(lenient, c).verdict, Verdict::failed);  // SPEC's zeros demanded
+  lenient.unwritten = UnwrittenRows::te;
+  const CaseResult ok = run(lenient, c);
+  EXPECT_EQ(ok.verdict, Verdict::passed) << ok.report;
+  bool noted = false;
+  for (auto& n : ok.notes) noted |= n.find("unwritten=te") != std::string::npos;
+  EXPECT_TRUE(noted);
+
+  Impl broken = te_like(true);
+  broken.unwritten = UnwrittenRows::te;
+  EXPECT_EQ(run(broken, c).verdict, Verdict::failed);
+  EXPECT_EQ(parse_unwritten_rows("te"), UnwrittenRows::te);
+  EXPECT_THROW(parse_unwritten_rows("garbage"), std::invalid_argument);
 }
