@@ -43,7 +43,9 @@ const Tensor* find(const TensorMap& m, const std::string& k) {
 
 std::string mask_unwritten(UnwrittenRows policy, const Case& c, const TensorMap& in,
                            const TensorMap& want, TensorMap& got) {
-  if (policy != UnwrittenRows::te || c.i("align_size", 0) > 0) return {};
+  if (policy != UnwrittenRows::te) return {};
+  // With padding TE allocates permuted and grad.permuted zeroed; row_id_map is stale either way.
+  const bool padded = c.i("align_size", 0) > 0;
   int64_t rows = 0, entries = 0;
   if (c.op == "token_dispatch") {
     // §4.3: without padding TE leaves the tail past the sum of the routing map uninitialised;
@@ -55,7 +57,7 @@ std::string mask_unwritten(UnwrittenRows policy, const Case& c, const TensorMap&
     for (const char* k : {"output.permuted", "output.permuted_probs"}) {
       const Tensor* w = find(want, k);
       Tensor* g = find(got, k);
-      if (!w || !g || w->rank() < 1) continue;
+      if (padded || !w || !g || w->rank() < 1) continue;
       for (int64_t r = routed; r < w->dim(0); ++r) rows += copy_row(*w, *g, r);
     }
     const Tensor* w = find(want, "output.row_id_map");
@@ -73,7 +75,8 @@ std::string mask_unwritten(UnwrittenRows policy, const Case& c, const TensorMap&
     }
   } else if (c.op == "token_combine") {
     // §5 backward without merging probs: rows of grad.permuted that no routed slot reads.
-    if (find(in, "input.merging_probs") || find(in, "input.pad_offsets")) return {};
+    // With merging probs SPEC demands zeros (R4: TE leaving them is a bug, not masked).
+    if (padded || find(in, "input.merging_probs") || find(in, "input.pad_offsets")) return {};
     const Tensor* rim = find(in, "input.row_id_map");
     const Tensor* w = find(want, "grad.permuted");
     Tensor* g = find(got, "grad.permuted");

@@ -47,10 +47,11 @@ TiePolicy parse_tie_policy(std::string_view s);  // throws std::invalid_argument
 
 // Rows of an output that SPEC leaves to the implementation (SPEC §0 "Unwritten rows"): this
 // project writes zeros there; TE leaves some uninitialised, and SPEC says a comparison against
-// TE must mask them. `te` masks exactly the rows SPEC lists: token_dispatch without padding, the
-// tail rows past the routed ones (§4.3) and the row_id_map entries past each token's count
-// (§4.2); token_combine without padding and merging probs, the rows of grad.permuted no routed
-// slot owns (§5). Masked rows are not compared, in either run, and a note counts them.
+// TE must mask them. `te` masks exactly the rows SPEC lists: token_dispatch's row_id_map entries
+// past each token's count (§4.2) and, without padding, the tail rows past the routed ones
+// (§4.3); token_combine without padding and merging probs, the rows of grad.permuted no routed
+// slot owns (§5; with merging probs SPEC demands zeros, R4). Masked rows are not compared, in
+// either run, and a note counts them.
 enum class UnwrittenRows : uint8_t { zeros, te };
 std::string_view unwritten_rows_name(UnwrittenRows u);
 UnwrittenRows parse_unwritten_rows(std::string_view s);  // throws std::invalid_argument
