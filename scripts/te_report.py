@@ -130,7 +130,7 @@ def render(results, findings, rows, groups, unsupported, bench):
            " (TE's Triton kernels) through the Python package",
            "",
            "## Per op", "",
-           "| op | ties | passed | failed | unsupported | not run | worst % of tolerance (passing) |",
+           "| op | ties | passed | failed | unsupported | not run | worst % of tolerance (any case) |",
            "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['op']} | {r['ties']} | {r['passed']} | {r['failed']} | "
@@ -197,6 +197,7 @@ def main():
     ap.add_argument("--findings", required=True)
     ap.add_argument("--md", required=True)
     ap.add_argument("--json")
+    ap.add_argument("--notes", help="a Markdown file appended as the run's notes")
     a = ap.parse_args()
     findings = load(a.findings)
     if findings is None:
@@ -207,6 +208,9 @@ def main():
         print(f"te_report: --results {a.results}: no check results in it", file=sys.stderr)
         return 2
     md = render(a.results, findings, rows, groups, unsupported, bench_rows(a.results))
+    if a.notes:
+        with open(a.notes) as f:
+            md += "\n## Run notes\n\n" + f.read()
     with open(a.md, "w") as f:
         f.write(md)
     untriaged = [g for g in groups.values() if g["finding"] is None]
