@@ -202,6 +202,7 @@ std::string_view verdict_name(Verdict v) {
 
 std::string OpResult::disposition() const {
   if (failed) return "Incorrect";
+  if (aborted) return "NotRun";  // an earlier op killed the CUDA context
   if (passed == 0 && not_supported > 0) return "NotSupported";
   return "Passed";
 }
