@@ -184,6 +184,17 @@ nlohmann::json to_json(const Result& r) {
   return j;
 }
 
+// A row's timing fields from one measurement over `sets` rotating buffer sets.
+void set_timing(Result& r, const gpu::TimingStats& t, int sets) {
+  r.median_us = t.median_ms * 1e3;
+  r.min_us = t.min_ms * 1e3;
+  r.max_us = t.max_ms * 1e3;
+  r.samples = t.samples;
+  r.per_sample = t.per_sample;
+  r.sets = sets;
+  r.graph = t.graph;
+}
+
 // Runs one case: verify, build the benchmark, time its rows, free it, time the dense baseline.
 // Appends its rows to `out`; returns false when verification failed.
 bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int samples,
@@ -250,13 +261,7 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
     r.verified = ok;
     r.verify_note = note;
     r.verify_case = sc.line();
-    r.median_us = t.median_ms * 1e3;
-    r.min_us = t.min_ms * 1e3;
-    r.max_us = t.max_ms * 1e3;
-    r.samples = t.samples;
-    r.per_sample = t.per_sample;
-    r.sets = sets;
-    r.graph = t.graph;
+    set_timing(r, t, sets);
     const double sec = t.median_ms * 1e-3;
     r.bytes = fwd ? cost.fwd_bytes : both ? cost.fwd_bytes + cost.bwd_bytes : cost.bwd_bytes;
     r.gbps = r.bytes / sec / 1e9;
@@ -458,13 +463,7 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
     r.verified = ok;
     r.verify_note = note;
     r.verify_case = sc.line();
-    r.median_us = t.median_ms * 1e3;
-    r.min_us = t.min_ms * 1e3;
-    r.max_us = t.max_ms * 1e3;
-    r.samples = t.samples;
-    r.per_sample = t.per_sample;
-    r.sets = sets;
-    r.graph = t.graph;
+    set_timing(r, t, sets);
     const double sec = t.median_ms * 1e-3;
     r.bytes = cost.fwd_bytes + cost.bwd_bytes;
     r.gbps = r.bytes / sec / 1e9;
