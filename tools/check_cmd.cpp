@@ -34,7 +34,9 @@ namespace moe::tools {
 namespace {
 
 // --backend gpu|reference and --impl gpu are the pre-implementation-registry spellings.
-std::string canonical_impl(const std::string& s) { return s == "gpu" ? "moe-gpu" : s; }
+std::string canonical_impl(const std::string& s) {
+  return s == "gpu" ? "moe-gpu" : s;
+}
 
 std::vector<std::string> load_plugins(const std::vector<std::string>& paths) {
   std::vector<std::string> names;
@@ -98,15 +100,17 @@ void add_list_command(CLI::App& app, int& status) {
       }
       std::printf("\n");
     }
-    std::printf("\nreference: the CPU reference (check = invariants + finite differences); "
-                "moe-gpu: this project's CUDA kernels%s\n",
-                ops::gpu_available() ? "" : " (no GPU here)");
+    std::printf(
+        "\nreference: the CPU reference (check = invariants + finite differences); "
+        "moe-gpu: this project's CUDA kernels%s\n",
+        ops::gpu_available() ? "" : " (no GPU here)");
     status = 0;
   });
 }
 
 void add_check_command(CLI::App& app, int& status) {
-  auto* cmd = app.add_subcommand("check", "Check an implementation of every op against the reference");
+  auto* cmd =
+      app.add_subcommand("check", "Check an implementation of every op against the reference");
   struct Args {
     std::vector<std::string> ops, plugins;
     std::string impl, backend, case_line, ties = "canonical", json, junit, save_failures;
@@ -121,7 +125,8 @@ void add_check_command(CLI::App& app, int& status) {
       "Implementation: reference, moe-gpu, or a registered/plugin one (default: the plugin's, "
       "else moe-gpu when a GPU is present, else reference)");
   cmd->add_option("--backend", a.backend, "Alias of --impl (gpu = moe-gpu)")->excludes(impl_opt);
-  cmd->add_option("--plugin", a.plugins, "Load implementations from this shared library (repeatable)");
+  cmd->add_option("--plugin", a.plugins,
+                  "Load implementations from this shared library (repeatable)");
   cmd->add_option("--ties", a.ties, "Exact-tie rule of top-k selection: canonical, te or any")
       ->check(CLI::IsMember({"canonical", "te", "any"}));
   cmd->add_option("--cases", a.cases, "Random cases per op (plus every named case)")
@@ -154,7 +159,7 @@ void add_check_command(CLI::App& app, int& status) {
     }
     std::string impl_name = canonical_impl(!a.impl.empty() ? a.impl : a.backend);
     if (impl_name.empty()) {
-      impl_name = !plugin_names.empty() ? plugin_names.front()
+      impl_name = !plugin_names.empty()  ? plugin_names.front()
                   : ops::gpu_available() ? "moe-gpu"
                                          : "reference";
     }
@@ -201,8 +206,8 @@ void add_check_command(CLI::App& app, int& status) {
       try {
         guard.comm = std::make_unique<gpu::NcclCommunicator>(gpu::NcclBootstrap::from_env());
       } catch (const std::exception& e) {
-        return usage("--ep " + std::to_string(ep) + ": cannot create the NCCL communicator: " +
-                     e.what());
+        return usage("--ep " + std::to_string(ep) +
+                     ": cannot create the NCCL communicator: " + e.what());
       }
       if (guard.comm->size() != ep) {
         return usage("--ep " + std::to_string(ep) + ": the launcher started " +
@@ -252,7 +257,7 @@ void add_check_command(CLI::App& app, int& status) {
       OpResult o;
       o.op = c.op;
       o.impl = impl_name;
-      (r.verdict == Verdict::passed ? o.passed
+      (r.verdict == Verdict::passed   ? o.passed
        : r.verdict == Verdict::failed ? o.failed
                                       : o.not_supported) = 1;
       o.worst_pct = r.worst_pct;
@@ -275,7 +280,8 @@ void add_check_command(CLI::App& app, int& status) {
       if (a.ops.empty() && !find_impl(op->name, impl_name)) continue;
       to_run.push_back(op);
     }
-    if (to_run.empty()) return usage("--impl " + impl_name + ": implements none of the ops asked for");
+    if (to_run.empty())
+      return usage("--impl " + impl_name + ": implements none of the ops asked for");
     std::printf("random cases per op: %d, seed: %llu, jobs: %d\n\n", a.cases,
                 static_cast<unsigned long long>(a.seed), a.jobs);
     print_table_header(std::cout);

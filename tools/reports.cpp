@@ -15,11 +15,21 @@ std::string xml_escape(const std::string& s) {
   std::string o;
   for (unsigned char ch : s) {
     switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&apos;"; break;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
       default:
         // XML 1.0 has no way to carry other control characters.
         if (ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r')
@@ -40,9 +50,10 @@ std::string fixed(double v, int digits) {
 }  // namespace
 
 void print_table_header(std::ostream& out) {
-  out << std::left << std::setw(34) << "op" << std::right << std::setw(6) << "cases"
-      << std::setw(7) << "passed" << std::setw(7) << "failed" << std::setw(7) << "n/s"
-      << std::setw(11) << "worst %tol" << std::setw(9) << "time s" << "  disposition" << std::endl;
+  out << std::left << std::setw(34) << "op" << std::right << std::setw(6) << "cases" << std::setw(7)
+      << "passed" << std::setw(7) << "failed" << std::setw(7) << "n/s" << std::setw(11)
+      << "worst %tol" << std::setw(9) << "time s"
+      << "  disposition" << std::endl;
 }
 
 void print_table_row(std::ostream& out, const OpResult& o, const std::string& disposition) {
@@ -80,8 +91,9 @@ void print_summary(std::ostream& out, const Run& run) {
     failed += o.failed;
     ns += o.not_supported;
   }
-  out << "\n" << run.impl << ": " << cases << " cases, " << passed << " passed, " << failed
-      << " failed, " << ns << " not supported\n";
+  out << "\n"
+      << run.impl << ": " << cases << " cases, " << passed << " passed, " << failed << " failed, "
+      << ns << " not supported\n";
   for (auto& o : run.ops) {
     if (o.edge_classes.empty()) continue;
     out << "edges covered, " << o.op << ":";
