@@ -44,7 +44,26 @@ def signature(op, ties, report):
     return f"{op} [{ties}] " + " | ".join(lines)
 
 
+# The repository root: file paths in reports (Python tracebacks) are written relative to it, so
+# the document names no machine's directories (the GPU machine lays the tree out at the same path).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def relative(text):
+    return text.replace(ROOT, "") if text else text
+
+
 def op_runs(run):
+    ops = _op_runs(run)
+    for o in ops:
+        for c in o.get("cases", []):
+            for k in ("report", "replay"):
+                if c.get(k):
+                    c[k] = relative(c[k])
+    return ops
+
+
+def _op_runs(run):
     """The op results of a run in `moe-harness check --json`'s shape, from either that file or
     te_permutation_check.py's ({"ops": {op: {passed, failed, failures, not_supported_reasons}}})."""
     ops = run.get("ops", [])
