@@ -3,8 +3,8 @@
 # in turn to a scratch copy of the tree, rebuilds incrementally and runs the gates; prints a table
 # (mutant, class, check, golden, ctest, sanitize, caught) and the score. docs/mutation.md.
 #
-#   scripts/mutation_score.sh [--out DIR] [--work DIR] [--cpu-only] [--compile-only] [--only ID,..]
-#                             [--shard I/N] [--jobs N] [--deadline S] [--fast] [--prepare]
+#   scripts/mutation_score.sh [--out DIR] [--work DIR] [--cpu-only|--gpu-only] [--compile-only]
+#                             [--only ID,..] [--shard I/N] [--jobs N] [--deadline S] [--fast] [--prepare]
 #                             [--rerun] [--head] [--cases N] [--sanitize-tools T1,T2]
 #
 # Gates, each over what the mutated file affects (ops, test names, sanitizer family):
@@ -12,9 +12,10 @@
 #   golden    moe-harness golden verify [--backend gpu] golden/data/OP__*.safetensors
 #   ctest     ctest -L gpu (gpu/ mutants) or -L cpu [and gpu] (reference/, harness/) -R <tests>
 #   sanitize  the ctest label sanitize for the family (or scripts/gpu_sanitize.sh); GPU only
-# A gate "catches" a mutant when it fails (exit 2, a usage error, is reported as "err"). Every
-# gate is first run on the unmutated tree (once per family, cached): a gate that fails there is
-# reported "broken" and catches nothing. A mutant that does not apply or build is "invalid".
+# A gate "catches" a mutant when it fails (exit 2, a usage error, is reported as "err"). A gate
+# that fails on some mutant is also run on the unmutated tree (once per family, cached): if it
+# fails there too it is reported "broken" and catches nothing. A mutant that does not apply or
+# build is "invalid".
 #
 #   --work DIR       scratch trees, builds, results (default /tmp/mutation). Results persist:
 #                    a later call skips mutants already tested (--rerun to redo them), so a
@@ -24,6 +25,7 @@
 #   --deadline S     start no mutant after S seconds; the rest are listed as untested
 #   --fast           stop at the first gate that catches a mutant (others: "skip")
 #   --cpu-only       only mutants of reference/ and harness/, CPU gates
+#   --gpu-only       only mutants of gpu/ (their reference/harness part runs with --cpu-only)
 #   --compile-only   apply and build each mutant, no gates (every CUDA mutant must compile)
 #   --prepare        sync, configure and build the trees and run the baselines, then stop
 #   --head           copy git HEAD (default: tracked and untracked non-ignored files as they are)
@@ -33,6 +35,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=/tmp/mutation
 out=""
 cpu_only=0
+gpu_only=0
 compile_only=0
 only=""
 shard=""
@@ -49,6 +52,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
     --cpu-only) cpu_only=1; shift ;;
+    --gpu-only) gpu_only=1; shift ;;
     --compile-only) compile_only=1; shift ;;
     --only) only=$2; shift 2 ;;
     --shard) shard=$2; shift 2 ;;
@@ -60,7 +64,7 @@ while [[ $# -gt 0 ]]; do
     --head) head=1; shift ;;
     --cases) cases=$2; shift 2 ;;
     --sanitize-tools) san_tools=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "mutation_score: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
 done
@@ -143,6 +147,7 @@ while IFS=$'\t' read -r id cls file desc; do
   [[ -z $id || $id == \#* ]] && continue
   if [[ -n $only ]] && [[ ",$only," != *",$id,"* ]]; then continue; fi
   if [[ $cpu_only -eq 1 && $file == gpu/* ]]; then continue; fi
+  if [[ $gpu_only -eq 1 && $file != gpu/* ]]; then continue; fi
   mutants+=("$id"$'\t'"$cls"$'\t'"$file")
 done <"$root/tests/mutants/INDEX"
 if [[ -n $shard ]]; then
@@ -187,9 +192,15 @@ sync_tree() {
     [[ -e $stage/$f ]] || rm -f "$t/$f"
   done
 }
+# moe_cpu_tests (a third of the build) only serves reference/ and harness/ mutants: the ctest
+# gate of a gpu/ mutant runs the gpu label alone.
+host_mutants=0
+for m in "${mutants[@]}"; do [[ $(cut -f3 <<<"$m") == gpu/* ]] || host_mutants=1; done
 targets() {
-  if [[ $mode == gpu ]]; then echo "moe-harness moe_cpu_tests moe_gpu_tests"
-  else echo "moe-harness moe_cpu_tests"; fi
+  local t="moe-harness"
+  [[ $host_mutants -eq 1 || $mode != gpu ]] && t+=" moe_cpu_tests"
+  [[ $mode == gpu ]] && t+=" moe_gpu_tests"
+  echo "$t"
 }
 build_tree() {  # tree, parallelism, log
   local bd="$1/build-mut" cargs=()
@@ -233,10 +244,12 @@ verdict() {  # exit status of a gate command
   esac
 }
 gate_check() {  # tree family file log
-  local bin="$1/build-mut/moe-harness" be=reference rc worst=0 op
+  local bin="$1/build-mut/moe-harness" be=reference rc worst=0 op shrink=()
+  [[ $fast -eq 1 ]] && shrink=(--no-shrink)  # the verdict is all --fast needs
   [[ $3 == gpu/* && $mode == gpu ]] && be=gpu
   for op in $(ops_of "$2"); do
-    timeout 600 "$bin" check --op "$op" --backend "$be" --cases "$cases" --seed 1 >>"$4" 2>&1
+    timeout 600 "$bin" check --op "$op" --backend "$be" --cases "$cases" --seed 1 -j 4 \
+      "${shrink[@]}" >>"$4" 2>&1
     rc=$?
     echo "check --op $op --backend $be: exit $rc" >>"$4"
     if [[ $rc -ne 0 ]]; then worst=$rc; [[ $rc -ne 2 && $fast -eq 1 ]] && break; fi
@@ -286,35 +299,59 @@ gate_sanitize() {
 }
 gates=(check golden ctest sanitize)
 
-# Baselines: every gate of every family in play, on the unmutated tree 0, cached per source.
+# Baselines: a gate that fails on the unmutated tree catches nothing. One line per family, kind
+# and gate ("router|gpu<TAB>check<TAB>-"), cached per source. --prepare runs every gate of every
+# family in play; otherwise a baseline is run after the mutants, only where some mutant's gate
+# failed (a sanitizer baseline costs minutes and most mutants fall to `check`), on tree 0 once
+# every mutated file is restored and rebuilt. The families run in parallel.
 baseline="$work/baseline-$src_hash-$mode-c$cases.tsv"
 touch "$baseline"
-declare -A fams=()
-for m in "${mutants[@]}"; do
-  IFS=$'\t' read -r id cls file <<<"$m"
-  fams["$(family_of "$file")|$([[ $file == gpu/* ]] && echo gpu || echo ref)"]=1
-done
-if [[ $mode != compile ]]; then
+base_of() {  # key gate -> the baseline verdict, empty when not run
+  awk -F'\t' -v k="$1" -v g="$2" '$1==k && $2==g {v=$3} END {print v}' "$baseline"
+}
+run_baselines() {  # "key gate" pairs on stdin; runs the missing ones, one job per family and kind
+  declare -A want=()
+  local key g
+  while read -r key g; do
+    [[ -z $key || -n $(base_of "$key" "$g") ]] && continue
+    want[$key]+="$g "
+  done
+  [[ ${#want[@]} -eq 0 ]] && return 0
+  # shellcheck disable=SC2046
+  cmake --build "$(tree_of 0)/build-mut" -j "$ncpu" --target $(targets) >"$work/logs/baseline-build.log" 2>&1 ||
+    { log "tree 0 does not rebuild unmutated ($work/logs/baseline-build.log)"; return 1; }
+  local pids=() fam kind file v lg
+  for key in "${!want[@]}"; do
+    (
+      fam=${key%|*}; kind=${key#*|}
+      file=reference/x; [[ $kind == gpu ]] && file=gpu/x
+      for g in ${want[$key]}; do
+        lg="$work/logs/baseline-$fam-$kind-$g.log"; : >"$lg"
+        v=$("gate_$g" "$(tree_of 0)" "$fam" "$file" "$lg")
+        printf '%s\t%s\t%s\n' "$key" "$g" "$v" >>"$work/baseline-new.$BASHPID"
+        [[ $v == caught || $v == err ]] && log "baseline $fam ($kind) $g: FAILS on the unmutated tree ($lg); this gate is ignored for it"
+        log "baseline $key $g: $v"
+      done
+    ) &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  cat "$work"/baseline-new.* >>"$baseline" 2>/dev/null
+  rm -f "$work"/baseline-new.*
+}
+key_of() { echo "$(family_of "$1")|$([[ $1 == gpu/* ]] && echo gpu || echo ref)"; }
+if [[ $mode != compile && $prepare -eq 1 ]]; then
+  declare -A fams=()
+  for m in "${mutants[@]}"; do
+    IFS=$'\t' read -r id cls file <<<"$m"
+    fams["$(key_of "$file")"]=1
+  done
   for key in "${!fams[@]}"; do
     [[ $mode == cpu && $key == *\|gpu ]] && continue
-    grep -q "^$key	" "$baseline" && continue
-    fam=${key%|*}; kind=${key#*|}
-    file=reference/x; [[ $kind == gpu ]] && file=gpu/x
-    line="$key"
-    for g in "${gates[@]}"; do
-      lg="$work/logs/baseline-$fam-$kind-$g.log"; : >"$lg"
-      v=$("gate_$g" "$(tree_of 0)" "$fam" "$file" "$lg")
-      line+=$'\t'"$g=$v"
-      [[ $v == caught || $v == err ]] && log "baseline $fam ($kind) $g: FAILS on the unmutated tree ($lg); this gate is ignored for it"
-    done
-    echo "$line" >>"$baseline"
-    log "baseline $key: ${line#*	}"
-  done
+    for g in "${gates[@]}"; do echo "$key $g"; done
+  done | run_baselines
 fi
 [[ $prepare -eq 1 ]] && { log "prepared (--prepare)"; exit 0; }
-base_of() {  # key gate -> the baseline verdict
-  grep "^$1	" "$baseline" | tr '\t' '\n' | grep "^$2=" | head -1 | cut -d= -f2
-}
 
 # ---- the workers ----------------------------------------------------------------------------------
 # Mutants sorted by file so consecutive ones rebuild the same object; files dealt to the trees.
@@ -405,6 +442,43 @@ worker() {
 pids=()
 for ((j = 0; j < jobs; ++j)); do worker "$j" & pids+=($!); done
 for p in "${pids[@]}"; do wait "$p"; done
+
+# Baselines of every gate that failed on some mutant, then those cells re-judged: a failure the
+# unmutated tree shares is "broken"; a mutant left with no catch but gates --fast skipped after it
+# is dropped from the results, to be rerun without the broken gate.
+if [[ $mode != compile ]]; then
+  for m in "${mutants[@]}"; do
+    IFS=$'\t' read -r id cls file <<<"$m"
+    res="$results/$id.tsv"
+    [[ -s $res ]] || continue
+    IFS=$'\t' read -r -a row <"$res"
+    for i in 0 1 2 3; do
+      [[ ${row[$((3 + i))]:-} == caught || ${row[$((3 + i))]:-} == err ]] && echo "$(key_of "$file") ${gates[$i]}"
+    done
+  done | sort -u | run_baselines
+  for m in "${mutants[@]}"; do
+    IFS=$'\t' read -r id cls file <<<"$m"
+    res="$results/$id.tsv"
+    [[ -s $res ]] || continue
+    IFS=$'\t' read -r -a row <"$res"
+    [[ ${row[7]:-} == yes || ${row[7]:-} == no ]] || continue
+    changed=0 caught=no skipped=0
+    for i in 0 1 2 3; do
+      c=${row[$((3 + i))]}
+      b=$(base_of "$(key_of "$file")" "${gates[$i]}")
+      if [[ ($c == caught || $c == err) && ($b == caught || $b == err) ]]; then row[$((3 + i))]=broken; changed=1; fi
+      [[ ${row[$((3 + i))]} == caught ]] && caught=yes
+      [[ ${row[$((3 + i))]} == skip ]] && skipped=1
+    done
+    [[ $changed -eq 0 ]] && continue
+    if [[ $caught == no && $fast -eq 1 && $skipped -eq 1 ]]; then
+      rm -f "$res"; log "$id: its catch was a broken gate; rerun it (the broken gate is skipped)"
+      continue
+    fi
+    row[7]=$caught
+    (IFS=$'\t'; echo "${row[*]}") >"$res"
+  done
+fi
 
 # ---- the table -----------------------------------------------------------------------------------
 tsv=$(mktemp)
