@@ -12,9 +12,20 @@
 //                           where the record supplies one (e.g. an issue's formula)
 //   GEMM-like (dense_m/k/n) fwd, fwd+bwd rows: TFLOP/s from cost flops, % of one dense cuBLAS
 //                           GEMM of equal FLOPs timed in the same run (fwd; fwd + dgrad + wgrad)
-//   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops)
+//   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops); a dense
+//                           shape it carries (the block: its FFN's equal-FLOP GEMM) is timed
+//                           only for the roofline's rate
 //
-//   op  case  dir  verified  median_us  min_us  GB/s  %copy  TFLOP/s  %dense  tokens/s  graph  impl
+// GEMM-like and token-level rows also report their roofline (harness/ops/roofline.h) against the
+// rates of the same run: roof_us = max(flops / dense rate, bytes / copy bandwidth) with the row's
+// cost flops and bytes (fwd: fwd; fwd+bwd: fwd + bwd) and the dense rate of the row's direction
+// (fwd, or fwd + dgrad + wgrad); for an op whose cost has stages (OpInfo::Cost::stages, the MoE
+// block) the sum of each stage's max, with one line per stage under its rows (stage, roofline us
+// per direction, bound by flops or bytes, share). %roof = 100 * roof_us / median_us (100% = at
+// the roofline). Memory-bound rows print "-" there (they have %copy).
+//
+//   op  case  dir  verified  median_us  min_us  GB/s  %copy  TFLOP/s  %dense  roof_us  %roof
+//       tokens/s  graph  impl                                                  (one line per row)
 //
 // --impl NAME (repeatable; default and `--impl moe-gpu`: this project's kernels alone) also times
 // an implementation registered with Memory::cuda (a plugin's, --plugin PATH, or a C++ one) on the
@@ -23,15 +34,18 @@
 // then called at full size on the buffers `check` hands it (harness/ops/impl_bench.h: host inputs
 // from make_inputs, uploaded; poisoned, guarded outputs), timed by direct launches (its run may
 // synchronise: no CUDA graph). Its run does forward and backward in one call, so its row is
-// `fwd+bwd` with cost fwd + bwd bytes; next to it a moe-gpu `fwd+bwd` row whose time is the sum
-// of moe-gpu's fwd and bwd medians of this run (JSON "composed"). The moe-gpu rows of those ops
-// are timed too. A case moe-gpu generates on the device is skipped for NAME (a note) when making
-// its host inputs would be prohibitive (kMaxHostBenchBytes).
+// `fwd+bwd` with cost fwd + bwd bytes (its roofline at the dense fwd + dgrad + wgrad rate of
+// moe-gpu's fwd+bwd row); next to it a moe-gpu `fwd+bwd` row whose time is the sum of moe-gpu's
+// fwd and bwd medians of this run (JSON "composed"). The moe-gpu rows of those ops are timed too.
+// A case moe-gpu generates on the device is skipped for NAME (a note) when making its host inputs
+// would be prohibitive (kMaxHostBenchBytes).
 //
 // --json FILE writes the same fields per row (rewritten after every case; "complete": true at the
-// end), with "impl" on every row. Exit status: 0 all cases verified and timed, 1 a verification
-// or a benchmark failed, 2 bad usage (an unknown --impl or one with no CUDA implementation of a
-// selected op, a --plugin that cannot be loaded) or no GPU.
+// end), with "impl" on every row; GEMM-like and token-level rows have "roof_us" and "pct_roof"
+// (null without a dense rate), "roof_bound" ("flops" or "bytes") or, for an op with stages,
+// "stages" ([{name, roof_us, bound}]), and "dense" (the rate's GEMM). Exit status: 0 all cases
+// verified and timed, 1 a verification or a benchmark failed, 2 bad usage (an unknown --impl or
+// one with no CUDA implementation of a selected op, a --plugin that cannot be loaded) or no GPU.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -46,6 +60,7 @@
 #include "harness/ops/check.h"
 #include "harness/ops/impl_bench.h"
 #include "harness/ops/registry.h"
+#include "harness/ops/roofline.h"
 #include "moe_harness/impl.h"
 #include "tools/bench_a2a.h"
 #include "tools/commands.h"
@@ -116,9 +131,13 @@ struct Result {
   double alt_bytes = 0, alt_gbps = 0, alt_pct_copy = 0;
   std::string alt_note;
   double flops = 0, tflops = 0;
-  double dense_us = 0, dense_tflops = 0, pct_dense = 0;  // GEMM-like rows
+  double dense_us = 0, dense_tflops = 0, pct_dense = 0;  // GEMM-like rows (rate: token-level)
   int64_t dense_m = 0, dense_k = 0, dense_n = 0;
   double tokens = 0, tokens_per_s = 0;  // token-level rows
+  // Roofline (GEMM-like and token-level rows with a dense rate; 0 = none, printed "-").
+  double roof_us = 0, pct_roof = 0;
+  std::string roof_bound;                  // "flops" or "bytes" (an op without stages)
+  std::vector<ops::StageRoofline> stages;  // an op with stages: each stage's roofline
 };
 
 std::string fmt(const char* f, double v) {
@@ -128,15 +147,63 @@ std::string fmt(const char* f, double v) {
 }
 
 void print_row(const Result& r) {
-  const bool mem = r.kind == "memory";
-  std::printf("%-18s %-18s %-7s %-8s %11.1f %11.1f %8s %6s %8s %7s %10s %5s %s\n", r.op.c_str(),
-              r.name.c_str(), r.dir.c_str(), r.verified ? "yes" : "FAILED", r.median_us, r.min_us,
-              mem ? fmt("%.0f", r.gbps).c_str() : "-",
-              mem ? fmt("%.1f%%", r.pct_copy).c_str() : "-",
-              r.kind != "memory" ? fmt("%.1f", r.tflops).c_str() : "-",
-              r.kind == "gemm" ? fmt("%.1f%%", r.pct_dense).c_str() : "-",
-              r.kind == "tokens" ? fmt("%.0f", r.tokens_per_s).c_str() : "-",
-              r.graph ? "yes" : "no", r.impl.c_str());
+  const bool mem = r.kind == "memory", roof = r.roof_us > 0;
+  std::printf(
+      "%-18s %-18s %-7s %-8s %11.1f %11.1f %8s %6s %8s %7s %10s %6s %10s %5s %s\n", r.op.c_str(),
+      r.name.c_str(), r.dir.c_str(), r.verified ? "yes" : "FAILED", r.median_us, r.min_us,
+      mem ? fmt("%.0f", r.gbps).c_str() : "-", mem ? fmt("%.1f%%", r.pct_copy).c_str() : "-",
+      r.kind != "memory" ? fmt("%.1f", r.tflops).c_str() : "-",
+      r.kind == "gemm" ? fmt("%.1f%%", r.pct_dense).c_str() : "-",
+      roof ? fmt("%.1f", r.roof_us).c_str() : "-", roof ? fmt("%.1f%%", r.pct_roof).c_str() : "-",
+      r.kind == "tokens" ? fmt("%.0f", r.tokens_per_s).c_str() : "-", r.graph ? "yes" : "no",
+      r.impl.c_str());
+}
+
+// A GEMM-like or token-level row's roofline against this run's dense rate (the row's
+// dense_tflops: fwd, or fwd + dgrad + wgrad for fwd+bwd) and copy bandwidth
+// (harness/ops/roofline.h): the sum of the op's stages where its cost has them, else one
+// max(flops / rate, bytes / bandwidth) over the row's flops and bytes. Left at 0 (printed "-",
+// JSON null) for memory-bound rows and rows without a dense rate.
+void set_roofline(Result& r, const ops::Cost& cost, double copy_gbps) {
+  r.roof_us = r.pct_roof = 0;
+  r.roof_bound.clear();
+  r.stages.clear();
+  if (r.kind == "memory" || !(r.dense_tflops > 0) || !(copy_gbps > 0) || !(r.median_us > 0)) {
+    return;
+  }
+  if (!cost.stages.empty()) {
+    r.stages = ops::stage_rooflines(cost.stages, r.dir == "fwd+bwd", r.dense_tflops, copy_gbps);
+    r.roof_us = ops::stage_sum_us(r.stages);
+  } else {
+    const ops::Roofline roof = ops::roofline(r.flops, r.bytes, r.dense_tflops, copy_gbps);
+    r.roof_us = roof.us;
+    r.roof_bound = roof.bound();
+  }
+  r.pct_roof = ops::pct_of_roofline(r.roof_us, r.median_us);
+}
+
+// Under the rows of an op with stages: one line per stage with its roofline in each row's
+// direction, what bounds it and its share of the row's roofline.
+void print_stages(const std::vector<Result>& rows) {
+  const Result* first = nullptr;
+  for (const Result& r : rows) {
+    if (!r.stages.empty() && !first) first = &r;
+  }
+  if (!first) return;
+  std::printf(
+      "  roofline %s %s (%s): sum over its stages of max(flops / dense rate, "
+      "bytes / copy bandwidth)\n",
+      first->op.c_str(), first->name.c_str(), first->impl.c_str());
+  for (size_t i = 0; i < first->stages.size(); ++i) {
+    std::printf("    stage %-12s", first->stages[i].name.c_str());
+    for (const Result& r : rows) {
+      if (r.stages.size() != first->stages.size() || r.impl != first->impl) continue;
+      const ops::StageRoofline& st = r.stages[i];
+      std::printf(" %s %10.1f us %-5s (%4.1f%%)", r.dir.c_str(), st.roof.us, st.roof.bound(),
+                  r.roof_us > 0 ? 100.0 * st.roof.us / r.roof_us : 0.0);
+    }
+    std::printf("\n");
+  }
 }
 
 nlohmann::json to_json(const Result& r) {
@@ -169,13 +236,25 @@ nlohmann::json to_json(const Result& r) {
     j["alt_pct_copy"] = r.alt_pct_copy;
     j["alt_bytes_note"] = r.alt_note;
   }
-  if (r.kind == "gemm") {
+  if (r.kind == "gemm" || r.dense_tflops > 0) {  // token-level rows: the roofline's rate
     j["dense"] = {{"m", r.dense_m},
                   {"k", r.dense_k},
                   {"n", r.dense_n},
                   {"median_us", r.dense_us},
                   {"tflops", r.dense_tflops}};
-    j["pct_dense"] = r.pct_dense;
+  }
+  if (r.kind == "gemm") j["pct_dense"] = r.pct_dense;
+  if (r.kind != "memory") {
+    j["roof_us"] = r.roof_us > 0 ? nlohmann::json(r.roof_us) : nlohmann::json(nullptr);
+    j["pct_roof"] = r.roof_us > 0 ? nlohmann::json(r.pct_roof) : nlohmann::json(nullptr);
+    if (!r.roof_bound.empty()) j["roof_bound"] = r.roof_bound;
+    if (!r.stages.empty()) {
+      j["stages"] = nlohmann::json::array();
+      for (const ops::StageRoofline& st : r.stages) {
+        j["stages"].push_back(
+            {{"name", st.name}, {"roof_us", st.roof.us}, {"bound", st.roof.bound()}});
+      }
+    }
   }
   if (r.kind == "tokens") {
     j["tokens"] = r.tokens;
@@ -234,7 +313,9 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
   const double t_setup = seconds_since(t1);
   const auto t2 = Clock::now();
   const ops::OpInfo::Bench& hint = benches.front();
-  const Kind kind = hint.dense_m > 0 ? Kind::gemm : hint.tokens > 0 ? Kind::tokens : Kind::memory;
+  // A token-level op may carry a dense shape too: only the rate of its roofline.
+  const bool has_dense = hint.dense_m > 0;
+  const Kind kind = hint.tokens > 0 ? Kind::tokens : has_dense ? Kind::gemm : Kind::memory;
   const bool has_bwd = static_cast<bool>(hint.bwd);
   std::vector<std::string> dirs = {"fwd"};
   if (has_bwd) dirs.push_back(kind == Kind::memory ? "bwd" : "fwd+bwd");
@@ -286,15 +367,27 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
   gpu::device_synchronize();
   gpu::release_buffer_cache();  // and return them to the device: the next shapes differ
 
-  if (kind == Kind::gemm) {
-    const gpu::DenseGemmTiming dense =
-        gpu::time_dense_gemm(c.dtype, rows.front().dense_m, rows.front().dense_k,
-                             rows.front().dense_n, has_bwd, samples);
+  bool dense_timed = false;
+  gpu::DenseGemmTiming dense;
+  if (has_dense && kind != Kind::memory) {
+    try {
+      dense = gpu::time_dense_gemm(c.dtype, rows.front().dense_m, rows.front().dense_k,
+                                   rows.front().dense_n, has_bwd, samples);
+      dense_timed = true;
+    } catch (const std::exception& e) {
+      if (kind == Kind::gemm) throw;  // the GEMM rows' baseline: the case fails
+      // A token-level row keeps its tokens/s without the roofline's rate.
+      std::printf("  note %s %s: dense GEMM for the roofline's rate failed: %s\n", op.name.c_str(),
+                  c.s("name", "").c_str(), e.what());
+    }
+  }
+  if (dense_timed) {
     for (Result& r : rows) {
       const bool both = r.dir == "fwd+bwd";
       r.dense_us = (both ? dense.fwd_bwd.median_ms : dense.fwd.median_ms) * 1e3;
       r.dense_tflops = both ? dense.fwd_bwd_tflops : dense.fwd_tflops;
-      r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
+      if (kind == Kind::gemm) r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
+      set_roofline(r, cost, copy.gbps);
     }
   }
   for (const Result& r : rows) print_row(r);
@@ -304,11 +397,13 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
                   r.dir.c_str(), r.alt_bytes / 1e6, r.alt_note.c_str(), r.alt_gbps, r.alt_pct_copy);
     }
   }
-  if (kind == Kind::gemm) {
+  print_stages(rows);
+  if (dense_timed) {
     const Result& f = rows.front();
-    std::printf("  dense cuBLAS %s %lldx%lldx%lld (equal FLOPs):",
-                std::string(dtype_name(c.dtype)).c_str(), static_cast<long long>(f.dense_m),
-                static_cast<long long>(f.dense_k), static_cast<long long>(f.dense_n));
+    std::printf("  dense cuBLAS %s %lldx%lldx%lld (%s):", std::string(dtype_name(c.dtype)).c_str(),
+                static_cast<long long>(f.dense_m), static_cast<long long>(f.dense_k),
+                static_cast<long long>(f.dense_n),
+                kind == Kind::gemm ? "equal FLOPs" : "the roofline's rate");
     for (const Result& r : rows) {
       std::printf(" %s %.1f us %.1f TFLOP/s;", r.dir == "fwd" ? "fwd" : "fwd+dgrad+wgrad",
                   r.dense_us, r.dense_tflops);
@@ -448,6 +543,7 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
     r.flops = fwd->flops + bwd->flops;
     r.tflops = r.flops / (r.median_us * 1e-6) / 1e12;
     if (r.tokens > 0) r.tokens_per_s = r.tokens / (r.median_us * 1e-6);
+    set_roofline(r, cost, copy.gbps);  // memory-bound: none
     rows.push_back(std::move(r));
     composed_done = true;
   }
@@ -481,11 +577,13 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
     if (both && both->dense_tflops > 0) {  // the dense fwd + dgrad + wgrad of this run
       r.dense_us = both->dense_us;
       r.dense_tflops = both->dense_tflops;
-      r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
+      if (r.kind == "gemm") r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
     }
+    set_roofline(r, cost, copy.gbps);  // at the same rate and bandwidth as moe-gpu's rows
     rows.push_back(std::move(r));
   }
   for (const Result& r : rows) print_row(r);
+  print_stages(rows);
   for (const Result& r : rows) {
     if (!r.composed.empty()) {
       std::printf("  note moe-gpu %s fwd+bwd: %s of the rows above (%s runs both in one call)\n",
@@ -584,9 +682,9 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   std::printf("device: %s\n", device.c_str());
   std::printf("copy bandwidth (cudaMemcpy D2D, %.0f MiB, read+write): %.1f GB/s (median of %d)\n",
               copy.bytes / 1048576.0, copy.gbps, copy.t.samples);
-  std::printf("%-18s %-18s %-7s %-8s %11s %11s %8s %6s %8s %7s %10s %5s %s\n", "op", "case", "dir",
-              "verified", "median_us", "min_us", "GB/s", "%copy", "TFLOP/s", "%dense", "tokens/s",
-              "graph", "impl");
+  std::printf("%-18s %-18s %-7s %-8s %11s %11s %8s %6s %8s %7s %10s %6s %10s %5s %s\n", "op",
+              "case", "dir", "verified", "median_us", "min_us", "GB/s", "%copy", "TFLOP/s",
+              "%dense", "roof_us", "%roof", "tokens/s", "graph", "impl");
 
   std::vector<Result> results;
   // The JSON is rewritten after every case, so a run cut short keeps what it measured.
@@ -662,7 +760,7 @@ void add_bench_command(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand(
       "bench",
       "Verify, then time the CUDA ops' benchmark cases (GB/s vs copy, TFLOP/s vs dense "
-      "cuBLAS, tokens/s)");
+      "cuBLAS, % of roofline, tokens/s)");
   static std::vector<std::string> op_names, case_names, impl_args, plugins;
   static std::string json_path, ties = "canonical";
   static int samples = 25;

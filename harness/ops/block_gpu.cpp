@@ -132,6 +132,12 @@ OpInfo::Bench block_bench(const std::shared_ptr<BlockBench>& st, const Case& c) 
   };
   b.state = st;
   b.tokens = static_cast<double>(c.i("B") * c.i("S"));
+  // The rate of the block's roofline (bench times it; the row stays token-level): the expert
+  // FFN's equal-FLOP dense GEMM, its three [T*K, H] x [H, M] products as one [T*K, H] x [H, 3M]
+  // (as swiglu_expert_ffn's benchmark does).
+  b.dense_m = c.i("B") * c.i("S") * st->p.topk;
+  b.dense_k = c.i("H");
+  b.dense_n = 3 * c.i("M");
   b.graph = false;
   return b;
 }

@@ -598,16 +598,59 @@ TensorMap fd_masks(const Case& c, const TensorMap& in) {
   return m;
 }
 
+// The block's cost as a sum of its stages, each counted as it runs (its own kernels, reading its
+// inputs from and writing its outputs to device memory), with T = B*S tokens, routed rows T*K, d
+// bytes per activation/weight element, l per logit (f32 or d), p per prob, 1 per routing-map
+// entry. FLOPs are the GEMMs' (gate T x H x E, the SwiGLU FFN's three [T*K, H] x [H, M] products
+// and their dgrad/wgrad), as before; the element-wise flops of the router, the activation and the
+// combine's weighted sum are not counted (far below either bound). Not counted either: the FFN's
+// [T*K, M] intermediates (a fused FFN need not store them), the padding rows align_size adds, and
+// the all-to-all and local permutes under ep_size > 1.
+//
+// The totals are the stages' sums. Against the earlier single count (x read once, y written once,
+// the weights read once, 4*T*K*H for the permuted rows; backward = 2 x forward) this adds the
+// second read of x (the gate GEMM and the dispatch each read it), the logits/probs/map traffic
+// between the gate, the router, the dispatch and the combine, and counts the backward stage by
+// stage; the FLOPs are unchanged.
 Cost cost(const Case& c) {
   const double T = static_cast<double>(c.i("B") * c.i("S")), H = static_cast<double>(c.i("H"));
   const double M = static_cast<double>(c.i("M")), E = static_cast<double>(c.i("num_experts"));
   const double K = static_cast<double>(c.i("topk"));
-  const double e = static_cast<double>(dtype_size(c.dtype));
+  const double d = static_cast<double>(dtype_size(c.dtype));
+  const MoeBlockParams bp = block_params(c);
+  const double l = bp.router_logits_dtype == RouterLogitsDtype::float32 ? 4.0 : d;
+  const double p = static_cast<double>(dtype_size(bp.probs_dtype));
+  const double TE = T * E, TKH = T * K * H, TH = T * H;
   Cost k;
-  k.fwd_flops = 2 * T * H * E + 6 * T * K * H * M;
-  k.bwd_flops = 4 * T * H * E + 12 * T * K * H * M;
-  k.fwd_bytes = (2 * T * H + E * H + 3 * E * H * M) * e + 4 * T * K * H * e;
-  k.bwd_bytes = 2 * k.fwd_bytes;
+  // Gate GEMM logits[T,E] = x[T,H] . gate_kernel[H,E]. Backward: d_logits (f32) in, x and the
+  // gate kernel in; d_gate_kernel out, and d_x = d_x(gate) + d_x(dispatch) (the latter in).
+  k.stages.push_back({"gate", (TH + H * E) * d + TE * l, 4 * TE + (3 * TH + 2 * H * E) * d,
+                      2 * TH * E, 4 * TH * E});
+  // Router / top-k: logits in; probs, routing map and the saved f32 scores out. Backward: the
+  // probs gradient, the map and the saved scores in; the f32 logits gradient out.
+  k.stages.push_back({"router", TE * (l + p + 1 + 4), TE * (p + 1 + 4 + 4), 0, 0});
+  // Dispatch: x and the map in, the T*K routed rows out; backward the reverse.
+  k.stages.push_back({"dispatch", TH * d + TE + TKH * d, TKH * d + TE + TH * d, 0, 0});
+  // Expert FFN (SwiGLU grouped GEMMs over the T*K rows): rows in, every expert's weights
+  // 3*E*H*M in, rows out. Backward: the output gradient and the rows in, their gradient out; the
+  // weights in and their gradients out.
+  k.stages.push_back({"expert_ffn", (2 * TKH + 3 * E * H * M) * d, (3 * TKH + 6 * E * H * M) * d,
+                      6 * T * K * H * M, 12 * T * K * H * M});
+  // Combine: the FFN rows, the map and the T*K probs in; y out. Backward: d_y, the map, the probs
+  // and the FFN rows in (for the probs gradient); the rows' gradient and the probs' out.
+  k.stages.push_back({"combine", TKH * d + TE + T * K * p + TH * d,
+                      TH * d + TE + 2 * TKH * d + 2 * T * K * p, 0, 0});
+  // Aux loss (aux_loss_coeff > 0): logits in, f32 scores out and back in with the column counts.
+  // Backward: the saved scores in, their logits gradient out.
+  if (bp.aux_loss()) {
+    k.stages.push_back({"aux_loss", TE * (l + 4 + 4) + E * 4, TE * (4 + 4), 0, 0});
+  }
+  for (const StageCost& s : k.stages) {
+    k.fwd_bytes += s.fwd_bytes;
+    k.bwd_bytes += s.bwd_bytes;
+    k.fwd_flops += s.fwd_flops;
+    k.bwd_flops += s.bwd_flops;
+  }
   return k;
 }
 

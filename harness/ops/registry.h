@@ -22,9 +22,22 @@
 
 namespace moe::ops {
 
+// One stage of a composite op (the MoE block's gate GEMM, router, dispatch, expert FFN, ...):
+// what it computes and moves when it runs as its own kernel(s), reading its inputs from and writing
+// its outputs to device memory.
+struct StageCost {
+  std::string name;
+  double fwd_bytes = 0, bwd_bytes = 0;  // fewest bytes moved (read + written)
+  double fwd_flops = 0, bwd_flops = 0;
+};
+
 struct Cost {
   double fwd_bytes = 0, bwd_bytes = 0;  // fewest bytes moved (read + written)
   double fwd_flops = 0, bwd_flops = 0;
+  // Optional per-stage breakdown (empty: one stage). When present the totals above are its sums,
+  // and `moe-harness bench` takes the op's roofline as the sum of the stages' rooflines
+  // (harness/ops/roofline.h): stages run one after another, each bound by its own flops or bytes.
+  std::vector<StageCost> stages;
 };
 
 struct OpInfo {
@@ -73,9 +86,13 @@ struct OpInfo {
     // OpInfo::cost bytes against the copy bandwidth, fwd and bwd rows.
     //  - GEMM-like ops: a dense m x k x n GEMM whose FLOPs equal the forward's (2mkn =
     //    cost.fwd_flops); bench times it in the same run (fwd, and fwd + dgrad + wgrad for the
-    //    fwd+bwd row) and reports TFLOP/s from cost flops and the ratio; fwd and fwd+bwd rows.
+    //    fwd+bwd row) and reports TFLOP/s from cost flops and the ratio, and the roofline
+    //    max(flops / that rate, bytes / copy bandwidth) (harness/ops/roofline.h); fwd and fwd+bwd
+    //    rows.
     int64_t dense_m = 0, dense_k = 0, dense_n = 0;
     //  - Token-level ops (the MoE block): tokens one fwd processes; tokens/s, fwd and fwd+bwd rows.
+    //    Such an op may set dense_m/k/n too (e.g. its FFN's equal-FLOP GEMM): bench then times
+    //    that GEMM only for the rate of the row's roofline; the row stays token-level (no %dense).
     double tokens = 0;
     //  - A second byte count reported next to cost()'s (GB/s and % of copy), and what it counts:
     //    e.g. an issue's formula that leaves out rows the SPEC requires written. 0 = none.
