@@ -354,19 +354,21 @@ fi
 [[ $prepare -eq 1 ]] && { log "prepared (--prepare)"; exit 0; }
 
 # ---- the workers ----------------------------------------------------------------------------------
-# Mutants sorted by file so consecutive ones rebuild the same object; files dealt to the trees.
+# Mutants sorted by file so consecutive ones rebuild the same object. Those still to run (a
+# resumed call skips the rest) are dealt to the trees in contiguous runs of equal length: one
+# file's mutants spread over several trees only where they outnumber the others (moe_block's).
 mapfile -t sorted < <(printf '%s\n' "${mutants[@]}" | sort -t$'\t' -k3,3 -k1,1)
-declare -A bin_of=() load=()
-for ((j = 0; j < jobs; ++j)); do load[$j]=0; done
-for m in "${sorted[@]}"; do
-  file=$(cut -f3 <<<"$m")
-  if [[ -z ${bin_of[$file]:-} ]]; then
-    best=0
-    for ((j = 1; j < jobs; ++j)); do [[ ${load[$j]} -lt ${load[$best]} ]] && best=$j; done
-    bin_of[$file]=$best
-  fi
-  load[${bin_of[$file]}]=$(( ${load[${bin_of[$file]}]} + 1 ))
-done
+done_before() {  # id -> whether an earlier call tested it
+  local res="$results/$1.tsv" c4 c8
+  [[ $rerun -eq 0 && -s $res ]] || return 1
+  c4=$(cut -f4 "$res"); c8=$(cut -f8 "$res")
+  [[ $c4 == invalid* || $c4 == built || $c8 == yes || $c8 == no ]]
+}
+todo=()
+for m in "${sorted[@]}"; do done_before "$(cut -f1 <<<"$m")" || todo+=("$m"); done
+declare -A bin_of=()
+chunk=$(( (${#todo[@]} + jobs - 1) / jobs )); [[ $chunk -lt 1 ]] && chunk=1
+for ((k = 0; k < ${#todo[@]}; ++k)); do bin_of[$(cut -f1 <<<"${todo[$k]}")]=$((k / chunk)); done
 
 run_mutant() {  # job tree id class file
   local j=$1 t=$2 id=$3 cls=$4 file=$5 p res="$results/$3.tsv" lg="$work/logs/$3"
@@ -418,22 +420,17 @@ run_mutant() {  # job tree id class file
 }
 
 worker() {
-  local j=$1 t m id cls file res c4 c8
+  local j=$1 t m id cls file
   t=$(tree_of "$j")
-  for m in "${sorted[@]}"; do
+  for m in "${todo[@]}"; do
     IFS=$'\t' read -r id cls file <<<"$m"
-    [[ ${bin_of[$file]} -eq $j ]] || continue
-    res="$results/$id.tsv"
-    if [[ $rerun -eq 0 && -s $res ]]; then  # done in an earlier call
-      c4=$(cut -f4 "$res"); c8=$(cut -f8 "$res")
-      [[ $c4 == invalid* || $c4 == built || $c8 == yes || $c8 == no ]] && continue
-    fi
+    [[ ${bin_of[$id]} -eq $j ]] || continue
     if [[ $mode == cpu && $file == gpu/* ]]; then
-      printf '%s\t%s\t%s\tuntested(no GPU)\t\t\t\t\t0\n' "$id" "$cls" "$file" >"$res"
+      printf '%s\t%s\t%s\tuntested(no GPU)\t\t\t\t\t0\n' "$id" "$cls" "$file" >"$results/$id.tsv"
       continue
     fi
     if [[ $deadline -gt 0 && $(($(date +%s) - t0)) -ge $deadline ]]; then
-      printf '%s\t%s\t%s\tuntested(deadline)\t\t\t\t\t0\n' "$id" "$cls" "$file" >"$res"
+      printf '%s\t%s\t%s\tuntested(deadline)\t\t\t\t\t0\n' "$id" "$cls" "$file" >"$results/$id.tsv"
       continue
     fi
     run_mutant "$j" "$t" "$id" "$cls" "$file"
