@@ -306,12 +306,18 @@ CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt) 
   }
   if (res.verdict == Verdict::failed && impl.memory == Memory::cuda) {
     // A kernel that faults (illegal or misaligned address, trap) kills the context for good:
-    // say so on this case, the one that did it, instead of failing every later case obscurely.
+    // say so on this case instead of failing every later case obscurely. Under jobs > 1 every
+    // case in flight sees the sticky error, and the culprit may be any of them.
     const std::string lost = ops::gpu_context_error();
     if (!lost.empty()) {
       res.context_lost = true;
       res.report += "CUDA context lost after this case (" + lost +
                     "): a sticky error; no further CUDA work can run in this process\n";
+      if (opt.jobs > 1) {
+        res.report += "  with " + std::to_string(opt.jobs) +
+                      " jobs, the case that caused it may be another one in flight: replay each "
+                      "alone\n";
+      }
     }
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
