@@ -78,37 +78,6 @@ std::string value_str(const Tensor& t, int64_t i) {
   return is_floating(t.dtype()) ? format_double(v) : std::to_string(static_cast<int64_t>(v));
 }
 
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      case '\'':
-        o += "&apos;";
-        break;
-      default:
-        // XML 1.0 forbids most control characters even as references.
-        if (ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r') {
-          o += '?';
-        } else {
-          o += static_cast<char>(ch);
-        }
-    }
-  }
-  return o;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- record

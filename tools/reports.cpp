@@ -11,36 +11,6 @@ namespace moe::tools {
 
 namespace {
 
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      case '\'':
-        o += "&apos;";
-        break;
-      default:
-        // XML 1.0 has no way to carry other control characters.
-        if (ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r')
-          o += "?";
-        else
-          o += static_cast<char>(ch);
-    }
-  }
-  return o;
-}
-
 std::string fixed(double v, int digits) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(digits) << v;

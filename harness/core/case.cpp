@@ -45,6 +45,33 @@ std::string format_double(double v) {
   return s;
 }
 
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      default:
+        // XML 1.0 forbids most control characters even as references.
+        o += ch < 0x20 && ch != '\n' && ch != '\t' && ch != '\r' ? '?' : static_cast<char>(ch);
+    }
+  }
+  return o;
+}
+
 std::string Case::line() const {
   std::string out = "op=" + op + " dtype=" + std::string(dtype_name(dtype)) +
                     " regime=" + std::string(regime_name(regime)) + " seed=" + std::to_string(seed);

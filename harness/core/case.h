@@ -64,4 +64,9 @@ struct Case {
 // Shortest round-trip decimal that always carries '.' or an exponent ("1.0", "2.5e-07").
 std::string format_double(double v);
 
+// s with XML's five special characters as entities and the control characters XML 1.0 cannot
+// carry (all below 0x20 but tab, newline, return) as '?': text and attribute values of the JUnit
+// reports of `check` and `golden verify`.
+std::string xml_escape(const std::string& s);
+
 }  // namespace moe
