@@ -3,6 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "harness/ops/perm_family.h"
+
 namespace moe {
 
 std::string_view unwritten_rows_name(UnwrittenRows u) {
@@ -29,12 +31,8 @@ bool copy_row(const Tensor& want, Tensor& got, int64_t r) {
   return true;
 }
 
-Tensor* find(TensorMap& m, const std::string& k) {
-  auto it = m.find(k);
-  return it == m.end() ? nullptr : &it->second;
-}
-
-const Tensor* find(const TensorMap& m, const std::string& k) {
+// The implementation's tensor, to be masked (find_tensor is the read-only lookup).
+Tensor* find_mut(TensorMap& m, const std::string& k) {
   auto it = m.find(k);
   return it == m.end() ? nullptr : &it->second;
 }
@@ -50,18 +48,18 @@ std::string mask_unwritten(UnwrittenRows policy, const Case& c, const TensorMap&
   if (c.op == "token_dispatch") {
     // §4.3: without padding TE leaves the tail past the sum of the routing map uninitialised;
     // §4.2: and row_id_map past each token's n_t entries (stale, or uninitialised in PyTorch).
-    const Tensor* map = find(in, "input.routing_map");
+    const Tensor* map = find_tensor(in, "input.routing_map");
     if (!map) return {};
     int64_t routed = 0;
     for (int64_t i = 0; i < map->numel(); ++i) routed += map->at(i) != 0;
     for (const char* k : {"output.permuted", "output.permuted_probs"}) {
-      const Tensor* w = find(want, k);
-      Tensor* g = find(got, k);
+      const Tensor* w = find_tensor(want, k);
+      Tensor* g = find_mut(got, k);
       if (padded || !w || !g || w->rank() < 1) continue;
       for (int64_t r = routed; r < w->dim(0); ++r) rows += copy_row(*w, *g, r);
     }
-    const Tensor* w = find(want, "output.row_id_map");
-    Tensor* g = find(got, "output.row_id_map");
+    const Tensor* w = find_tensor(want, "output.row_id_map");
+    Tensor* g = find_mut(got, "output.row_id_map");
     if (w && g && w->rank() == 2 && g->shape() == w->shape() && g->dtype() == w->dtype()) {
       const int64_t E = (w->dim(1) - 1) / 2;
       for (int64_t t = 0; t < w->dim(0); ++t) {
@@ -76,10 +74,11 @@ std::string mask_unwritten(UnwrittenRows policy, const Case& c, const TensorMap&
   } else if (c.op == "token_combine") {
     // §5 backward without merging probs: rows of grad.permuted that no routed slot reads.
     // With merging probs SPEC demands zeros (R4: TE leaving them is a bug, not masked).
-    if (padded || find(in, "input.merging_probs") || find(in, "input.pad_offsets")) return {};
-    const Tensor* rim = find(in, "input.row_id_map");
-    const Tensor* w = find(want, "grad.permuted");
-    Tensor* g = find(got, "grad.permuted");
+    if (padded || find_tensor(in, "input.merging_probs") || find_tensor(in, "input.pad_offsets"))
+      return {};
+    const Tensor* rim = find_tensor(in, "input.row_id_map");
+    const Tensor* w = find_tensor(want, "grad.permuted");
+    Tensor* g = find_mut(got, "grad.permuted");
     if (!rim || !w || !g || w->rank() < 1) return {};
     std::vector<char> owned(static_cast<size_t>(w->dim(0)), 0);
     const int64_t E = (rim->dim(1) - 1) / 2;
