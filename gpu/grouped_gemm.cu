@@ -7,6 +7,8 @@
 #include <climits>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -21,6 +23,7 @@ namespace moe::gpu {
 namespace {
 
 using gemm_detail::DevicePlan;
+using gemm_detail::ResourceCounts;
 using gemm_detail::Scratch;
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
@@ -48,32 +51,6 @@ cudaDataType_t cuda_type(DType d) {
   throw std::invalid_argument("grouped_gemm: unsupported dtype " + std::string(dtype_name(d)));
 }
 
-// One handle per (thread, device, stream), bound to that stream, with its own workspace: a
-// workspace shared by handles on concurrent streams would race, and a fixed workspace size keeps
-// cuBLAS's algorithm choice (hence the bits) fixed. Handles live until the process exits;
-// destroying them from thread-local destructors after the driver has shut down is unsafe.
-cublasHandle_t blas_for(Stream s) {
-  thread_local std::map<std::pair<int, Stream>, cublasHandle_t> handles;
-  int dev = 0;
-  MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  auto it = handles.find({dev, s});
-  if (it != handles.end()) return it->second;
-  cublasHandle_t h = nullptr;
-  MOE_CUBLAS_CHECK(cublasCreate(&h));
-  // cublasSetStream resets the workspace to the default pool, so the stream is set first.
-  MOE_CUBLAS_CHECK(cublasSetStream(h, s));
-  void* ws = nullptr;
-  MOE_CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes));
-  MOE_CUBLAS_CHECK(cublasSetWorkspace(h, ws, kWorkspaceBytes));
-  // fp32 accumulation throughout: no reduced-precision split-K reductions for 16-bit outputs.
-  MOE_CUBLAS_CHECK(cublasSetMathMode(
-      h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  MOE_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
-  handles.emplace(std::make_pair(dev, s), h);
-  return h;
-}
-
 // The forked streams of GemmImpl::streams and chunked, per thread and device (created on first
 // use, up to kMaxAuxStreams).
 struct AuxStreams {
@@ -81,11 +58,178 @@ struct AuxStreams {
   cudaEvent_t fork = nullptr, join[kMaxAuxStreams] = {};
   int created = 0;
 };
-AuxStreams& aux_streams(int count) {
-  thread_local std::map<int, AuxStreams> pools;
+
+// Pinned host staging and its device copy, reused once the event of its last upload has passed.
+struct UploadSlot {
+  char* host = nullptr;
+  char* dev = nullptr;
+  size_t cap = 0;
+  cudaEvent_t done = nullptr;
+};
+
+struct UploadPool {
+  std::vector<UploadSlot> slots;
+  size_t oldest = 0;  // round-robin start of the search
+};
+
+// A cuBLAS handle bound to one stream, with its own workspace.
+struct BlasHandle {
+  cublasHandle_t h = nullptr;
+  void* ws = nullptr;
+};
+
+struct Arena {
+  void* p = nullptr;
+  size_t cap = 0;
+};
+
+// Everything the products keep between calls on one thread: cuBLAS handles and chunked-call
+// arenas per (device, stream), forked streams and upload slots per device. A thread uses its own
+// without locking. The states belong to a process-wide registry, not to thread_local storage: a
+// thread that exits (check -j's workers) hands its state to the next thread that needs one
+// instead of leaking it (before, each worker left behind a handle, 32 MiB of workspace and
+// cuBLAS's own 64 MiB per stream it had used), and release_gemm_resources() frees them all (the
+// GPU tests do at exit, so compute-sanitizer's leak check sees real frees).
+struct ThreadState {
+  std::map<std::pair<int, Stream>, BlasHandle> handles;
+  std::map<std::pair<int, Stream>, Arena> arenas;
+  std::map<int, AuxStreams> aux;
+  std::map<int, UploadPool> uploads;
+};
+
+// Entries keyed by a caller's stream outlive it when the caller destroys the stream (the plugin
+// harness makes one per case): past this many, a new key first frees the entries of every stream
+// but the forked ones (after a device synchronisation, so none is in use).
+constexpr size_t kMaxStreamEntries = 16;
+
+class StateRegistry {
+ public:
+  static StateRegistry& get() {
+    static StateRegistry* r = new StateRegistry;  // never destroyed: threads retire into it at exit
+    return *r;
+  }
+  ThreadState* adopt() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!spare_.empty()) {
+      ThreadState* t = spare_.back();
+      spare_.pop_back();
+      return t;
+    }
+    all_.push_back(std::make_unique<ThreadState>());
+    return all_.back().get();
+  }
+  void retire(ThreadState* t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spare_.push_back(t);
+  }
+  // Frees what every state holds; the states stay (empty) with their threads.
+  void release_all() noexcept;
+  ResourceCounts counts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ResourceCounts c;
+    c.states = static_cast<int64_t>(all_.size());
+    for (const auto& t : all_) {
+      c.blas_handles += static_cast<int64_t>(t->handles.size());
+      c.arenas += static_cast<int64_t>(t->arenas.size());
+      for (const auto& [dev, a] : t->aux) c.aux_streams += a.created;
+      for (const auto& [dev, u] : t->uploads)
+        c.upload_slots += static_cast<int64_t>(u.slots.size());
+    }
+    return c;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<ThreadState>> all_;
+  std::vector<ThreadState*> spare_;
+};
+
+ThreadState& thread_state() {
+  struct Holder {
+    ThreadState* s = nullptr;
+    ~Holder() {
+      if (s) StateRegistry::get().retire(s);  // no CUDA call here: this may run at process exit
+    }
+  };
+  thread_local Holder h;
+  if (!h.s) h.s = StateRegistry::get().adopt();
+  return *h.s;
+}
+
+void destroy(int dev, BlasHandle& b) noexcept {
+  cudaSetDevice(dev);
+  if (b.h) cublasDestroy(b.h);
+  if (b.ws) cudaFree(b.ws);
+  b = {};
+}
+
+bool is_aux(const ThreadState& t, int dev, Stream s) {
+  auto it = t.aux.find(dev);
+  if (it == t.aux.end()) return false;
+  for (int i = 0; i < it->second.created; ++i) {
+    if (it->second.streams[i] == s) return true;
+  }
+  return false;
+}
+
+bool capturing(Stream s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
+// Before adding a key for stream s: frees the entries of the caller streams that may be gone.
+template <class Map, class Free>
+void bound_entries(ThreadState& t, Map& m, Stream s, Free free_entry) {
+  if (m.size() < kMaxStreamEntries || capturing(s)) return;
   int dev = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  AuxStreams& a = pools[dev];
+  MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto it = m.begin(); it != m.end();) {
+    if (is_aux(t, it->first.first, it->first.second)) {
+      ++it;
+      continue;
+    }
+    free_entry(it->first.first, it->second);
+    it = m.erase(it);
+  }
+  MOE_CUDA_CHECK(cudaSetDevice(dev));
+}
+
+// One handle per (thread, device, stream), bound to that stream, with its own workspace: a
+// workspace shared by handles on concurrent streams would race, and a fixed workspace size keeps
+// cuBLAS's algorithm choice (hence the bits) fixed.
+cublasHandle_t blas_for(Stream s) {
+  ThreadState& t = thread_state();
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  auto it = t.handles.find({dev, s});
+  if (it != t.handles.end()) return it->second.h;
+  bound_entries(t, t.handles, s, [](int d, BlasHandle& b) { destroy(d, b); });
+  BlasHandle b;
+  MOE_CUBLAS_CHECK(cublasCreate(&b.h));
+  try {
+    // cublasSetStream resets the workspace to the default pool, so the stream is set first.
+    MOE_CUBLAS_CHECK(cublasSetStream(b.h, s));
+    MOE_CUDA_CHECK(cudaMalloc(&b.ws, kWorkspaceBytes));
+    MOE_CUBLAS_CHECK(cublasSetWorkspace(b.h, b.ws, kWorkspaceBytes));
+    // fp32 accumulation throughout: no reduced-precision split-K reductions for 16-bit outputs.
+    MOE_CUBLAS_CHECK(cublasSetMathMode(
+        b.h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                       CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    MOE_CUBLAS_CHECK(cublasSetPointerMode(b.h, CUBLAS_POINTER_MODE_HOST));
+  } catch (...) {
+    destroy(dev, b);
+    cudaSetDevice(dev);
+    throw;
+  }
+  t.handles.emplace(std::make_pair(dev, s), b);
+  return b.h;
+}
+
+AuxStreams& aux_streams(int count) {
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  AuxStreams& a = thread_state().aux[dev];
   if (!a.fork) MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.fork, cudaEventDisableTiming));
   for (; a.created < std::min(count, kMaxAuxStreams); ++a.created) {
     cudaStream_t st = nullptr;
@@ -94,6 +238,45 @@ AuxStreams& aux_streams(int count) {
     MOE_CUDA_CHECK(cudaEventCreateWithFlags(&a.join[a.created], cudaEventDisableTiming));
   }
   return a;
+}
+
+void StateRegistry::release_all() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  int cur = 0;
+  cudaGetDevice(&cur);
+  for (auto& t : all_) {
+    for (auto& [key, b] : t->handles) destroy(key.first, b);
+    t->handles.clear();
+    for (auto& [key, a] : t->arenas) {
+      cudaSetDevice(key.first);
+      cudaDeviceSynchronize();  // no work still uses it; its stream may be gone
+      if (a.p) cudaFreeAsync(a.p, nullptr);
+      cudaDeviceSynchronize();
+    }
+    t->arenas.clear();
+    for (auto& [dev, a] : t->aux) {
+      cudaSetDevice(dev);
+      cudaDeviceSynchronize();
+      for (int i = 0; i < a.created; ++i) {
+        cudaStreamDestroy(a.streams[i]);
+        cudaEventDestroy(a.join[i]);
+      }
+      if (a.fork) cudaEventDestroy(a.fork);
+    }
+    t->aux.clear();
+    for (auto& [dev, u] : t->uploads) {
+      cudaSetDevice(dev);
+      for (UploadSlot& sl : u.slots) {
+        if (sl.done) cudaEventSynchronize(sl.done);
+        if (sl.host) cudaFreeHost(sl.host);
+        if (sl.dev) cudaFree(sl.dev);
+        if (sl.done) cudaEventDestroy(sl.done);
+      }
+    }
+    t->uploads.clear();
+  }
+  cudaSetDevice(cur);
+  cudaGetLastError();  // nothing here is worth a sticky error for the caller
 }
 
 int aux_count(const GemmOptions& o) {
@@ -395,23 +578,10 @@ constexpr size_t kMaxUploadSlots = 256;
 
 std::atomic<int64_t> g_chunked_calls{0};
 
-struct UploadSlot {
-  char* host = nullptr;
-  char* dev = nullptr;
-  size_t cap = 0;
-  cudaEvent_t done = nullptr;
-};
-
-struct UploadPool {
-  std::vector<UploadSlot> slots;
-  size_t oldest = 0;  // round-robin start of the search
-};
-
 UploadSlot& acquire_upload(size_t bytes) {
-  thread_local std::map<int, UploadPool> pools;
   int dev = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  UploadPool& pool = pools[dev];
+  UploadPool& pool = thread_state().uploads[dev];
   UploadSlot* slot = nullptr;
   const size_t n = pool.slots.size();
   for (size_t j = 0; j < n && !slot; ++j) {
@@ -453,14 +623,16 @@ UploadSlot& acquire_upload(size_t bytes) {
 // run in order) and regrown in stream order when a call needs more, so a steady state allocates
 // nothing.
 void* stream_arena(size_t bytes, Stream s) {
-  struct Arena {
-    void* p = nullptr;
-    size_t cap = 0;
-  };
-  thread_local std::map<std::pair<int, Stream>, Arena> arenas;
+  ThreadState& t = thread_state();
   int dev = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
-  Arena& a = arenas[{dev, s}];
+  if (!t.arenas.count({dev, s})) {
+    bound_entries(t, t.arenas, s, [](int d, Arena& a) {
+      cudaSetDevice(d);
+      if (a.p) cudaFreeAsync(a.p, nullptr);  // after the device synchronisation
+    });
+  }
+  Arena& a = t.arenas[{dev, s}];
   if (a.cap < bytes) {
     if (a.p) MOE_CUDA_CHECK(cudaFreeAsync(a.p, s));
     a.p = nullptr;
@@ -968,6 +1140,10 @@ GroupPlan read_group_plan(const DeviceTensor& group_sizes, int64_t rows, Stream 
   return make_group_plan(sizes, rows);
 }
 
+void release_gemm_resources() noexcept {
+  StateRegistry::get().release_all();
+}
+
 namespace gemm_detail {
 
 DevicePlan::DevicePlan(const GroupPlan& plan, Stream s) : s_(s) {
@@ -1147,6 +1323,10 @@ void copy_device(void* dst, const void* src, size_t bytes, Stream s) {
 
 int64_t sm90_kernel_calls() {
   return g_sm90_calls.load();
+}
+
+ResourceCounts resource_counts() {
+  return StateRegistry::get().counts();
 }
 
 int64_t chunked_batched_calls() {

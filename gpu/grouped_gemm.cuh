@@ -158,6 +158,11 @@ void grouped_gemm_bwd_into(const DeviceTensor& grad_out, const DeviceTensor& x,
                            const DeviceTensor& w, const GroupPlan& plan, const DeviceTensor* bias,
                            GroupedGemmBwd& out, Stream s, const GemmOptions& o = {});
 
+// Frees the cuBLAS handles, workspaces, forked streams and staging buffers the products keep
+// between calls, on every thread; the next product makes them anew. Call only while no thread
+// runs a product (the GPU tests do at exit; a long-lived host may between phases).
+void release_gemm_resources() noexcept;
+
 // Dense baselines for the benchmarks, one cuBLAS product with the same settings and layouts as
 // the grouped ones (row-major, fp32 accumulation, output in c's dtype):
 //   fwd:   c[M,N] = a[M,K] . b[K,N]
@@ -244,6 +249,15 @@ std::vector<double> gather_values(const DeviceTensor& t, const std::vector<int64
                                   Stream s = nullptr);
 // cudaMemcpyAsync device to device (the benchmark's bandwidth reference).
 void copy_device(void* dst, const void* src, size_t bytes, Stream s = nullptr);
+// What the products keep between calls, over every thread's state (tests check its bounds).
+struct ResourceCounts {
+  int64_t states = 0;        // per-thread states ever made (a retired thread's is reused)
+  int64_t blas_handles = 0;  // cuBLAS handles, each with its own workspace
+  int64_t arenas = 0;
+  int64_t aux_streams = 0;
+  int64_t upload_slots = 0;
+};
+ResourceCounts resource_counts();
 // Number of batched cuBLAS calls GemmImpl::chunked has issued in this process (tests check that
 // the batched path ran rather than its `streams` fallback).
 int64_t chunked_batched_calls();

@@ -31,6 +31,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -44,6 +45,8 @@
 #include "reference/swiglu_ffn.h"
 
 #ifdef MOE_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "gpu/grouped_gemm.cuh"
 #include "gpu/grouped_gemm_sm90.cuh"
 #include "gpu/swiglu_ffn.cuh"
@@ -522,6 +525,90 @@ TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
   const std::string e = error_of([] { gpu::gemm_impl_from_env("cutlass"); });
   EXPECT_THAT(e, ::testing::HasSubstr("MOE_GEMM_IMPL"));
   EXPECT_THAT(e, ::testing::HasSubstr("cutlass"));
+}
+
+// The products keep cuBLAS handles (32 MiB of workspace each, plus cuBLAS's own allocations),
+// forked streams and staging buffers between calls. Worker threads that exit (check -j) must hand
+// theirs on rather than leak them, entries of streams the caller destroyed must stay bounded, and
+// release_gemm_resources() must free everything and leave the products working, bitwise as before.
+TEST(GemmResources, RetiredThreadsAndDeadStreamsStayBoundedAndReleaseFreesAll) {
+  MOE_SKIP_WITHOUT_GPU();
+  const auto x = dev(DType::bf16, {24, 16}), w = dev(DType::bf16, {3, 16, 8});
+  const auto gs = dev_sizes({10, 0, 9});
+  gpu::GemmOptions loop, streams;
+  loop.impl = gpu::GemmImpl::loop;
+  streams.impl = gpu::GemmImpl::streams;
+  const Tensor want = gpu::grouped_gemm_fwd(x, w, gs, nullptr, nullptr, loop).download();
+  // Each worker makes its own stream, runs both ways on it, and destroys it.
+  auto work = [&](std::string* err) {
+    try {
+      cudaStream_t st = nullptr;
+      if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+        *err = "cudaStreamCreate failed";
+        return;
+      }
+      for (const auto* o : {&loop, &streams}) {
+        const Tensor got = gpu::grouped_gemm_fwd(x, w, gs, nullptr, st, *o).download(st);
+        if (!got.bitwise_equal(want)) *err = "a worker's product differs from the main thread's";
+      }
+      cudaStreamDestroy(st);
+    } catch (const std::exception& e) {
+      *err = e.what();
+    }
+  };
+  const gpu::gemm_detail::ResourceCounts before = gpu::gemm_detail::resource_counts();
+  constexpr int kWorkers = 3, kRounds = 6;
+  for (int r = 0; r < kRounds; ++r) {
+    std::vector<std::string> errs(kWorkers);
+    std::vector<std::thread> pool;
+    for (int j = 0; j < kWorkers; ++j) pool.emplace_back(work, &errs[static_cast<size_t>(j)]);
+    for (auto& t : pool) t.join();
+    for (const auto& e : errs) ASSERT_EQ(e, "") << "round " << r;
+  }
+  const gpu::gemm_detail::ResourceCounts after = gpu::gemm_detail::resource_counts();
+  // Without the hand-over every round's workers made new states: 18 here.
+  EXPECT_LE(after.states, before.states + kWorkers);
+  // Per state: at most 16 caller-stream handles (gpu/grouped_gemm.cu, kMaxStreamEntries) besides
+  // the forked streams' own.
+  EXPECT_LE(after.blas_handles, after.states * 16 + after.aux_streams);
+  EXPECT_GT(after.blas_handles, 0);
+  EXPECT_GT(after.aux_streams, 0);
+
+  gpu::release_gemm_resources();
+  const gpu::gemm_detail::ResourceCounts freed = gpu::gemm_detail::resource_counts();
+  EXPECT_EQ(freed.blas_handles, 0);
+  EXPECT_EQ(freed.aux_streams, 0);
+  EXPECT_EQ(freed.arenas, 0);
+  EXPECT_EQ(freed.upload_slots, 0);
+  EXPECT_EQ(freed.states, after.states);  // the states stay with their threads, empty
+  for (const auto* o : {&loop, &streams}) {
+    EXPECT_TRUE(
+        gpu::grouped_gemm_fwd(x, w, gs, nullptr, nullptr, *o).download().bitwise_equal(want))
+        << "after release_gemm_resources, " << gpu::gemm_impl_name(o->impl);
+  }
+}
+
+// Many short-lived caller streams on one thread (the plugin harness makes one per case): the
+// handle map must not grow with them.
+TEST(GemmResources, ManyCallerStreamsOnOneThreadStayBounded) {
+  MOE_SKIP_WITHOUT_GPU();
+  const auto x = dev(DType::f32, {12, 8}), w = dev(DType::f32, {2, 8, 4});
+  const auto gs = dev_sizes({5, 7});
+  gpu::GemmOptions loop;
+  loop.impl = gpu::GemmImpl::loop;
+  const Tensor want = gpu::grouped_gemm_fwd(x, w, gs, nullptr, nullptr, loop).download();
+  const gpu::gemm_detail::ResourceCounts before = gpu::gemm_detail::resource_counts();
+  // Keep all streams alive until the end, so no address is reused and every one is a new key.
+  std::vector<cudaStream_t> live(40);
+  for (auto& st : live) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    const Tensor got = gpu::grouped_gemm_fwd(x, w, gs, nullptr, st, loop).download(st);
+    EXPECT_TRUE(got.bitwise_equal(want));
+  }
+  const gpu::gemm_detail::ResourceCounts c = gpu::gemm_detail::resource_counts();
+  // Only this thread's state grew: by at most kMaxStreamEntries (16), not by 40.
+  EXPECT_LE(c.blas_handles - before.blas_handles, 16);
+  for (auto st : live) cudaStreamDestroy(st);
 }
 
 TEST(GemmGpuErrors, NegativeGroupSizeNamesGroupSizes) {
