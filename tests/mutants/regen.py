@@ -102,8 +102,8 @@ M = [
      "part = to_f32(from_f32<T>(part + to_f32(xv.v[j]) * cf));",
      "combine backward: grad_merging_probs dot product accumulated in the activation dtype"),
     ("020", "gather_sum_in_dtype", "accumulator-dtype", "gpu/dispatch.cu", 1,
-     "acc[u][j] += to_f32(v.v[j]) * s.w;",
-     "acc[u][j] = to_f32(from_f32<T>(acc[u][j] + to_f32(v.v[j]) * s.w));",
+     "acc[u][j] += to_f32(v[q][u].v[j]) * w[q];",
+     "acc[u][j] = to_f32(from_f32<T>(acc[u][j] + to_f32(v[q][u].v[j]) * w[q]));",
      "combine forward / dispatch backward: the per-token sum over slots rounded to the dtype "
      "after every slot"),
     ("021", "argsort_need_without_mod", "alignment", "gpu/argsort.cu", 1,
