@@ -249,7 +249,8 @@ std::vector<double> gather_values(const DeviceTensor& t, const std::vector<int64
                                   Stream s = nullptr);
 // cudaMemcpyAsync device to device (the benchmark's bandwidth reference).
 void copy_device(void* dst, const void* src, size_t bytes, Stream s = nullptr);
-// What the products keep between calls, over every thread's state (tests check its bounds).
+// What the products keep between calls, over every thread's state (tests check its bounds;
+// read it while no other thread runs a product).
 struct ResourceCounts {
   int64_t states = 0;        // per-thread states ever made (a retired thread's is reused)
   int64_t blas_handles = 0;  // cuBLAS handles, each with its own workspace
