@@ -688,10 +688,38 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
   return m;
 }
 
+// ---------------------------------------------------------------------------------------------
+// fwd8 variant 2 (kV2, MOE_ROUTER_FWD8=1; router, LANES == 32, vec, K <= 8, not softmax post): the
+// same arithmetic and results as variant 1 with fewer instructions per row:
+//  - bf16 sigmoid: a per-block shared table of score::sigmoid_f32 over the bf16 inputs with |x| in
+//    [2^-12, 2^4) (filled before the PDL wait, by the same function, so every entry is bitwise the
+//    value the row would compute); other inputs (zeros, tiny, large, non-finite) are computed as
+//    before, in a branch the warp takes only when one of its lanes has such an input;
+//  - the g_k group rounds become one rank per group (groups strictly ahead by (score desc, index
+//    asc), counted by ballots): the same g_k groups as the rounds pick;
+//  - top-K rounds unrolled (K <= 8; kK > 0 would make K compile-time, but ptxas then spills, so
+//    only kK = 0 is launched), one lane-mask test per round for the lowest lane, and lanes outside
+//    the picked groups only clear their head;
+//  - decode: the lane's slots with z >= thr are its picks unless the threshold value is split;
+//  - the routing map's bytes from the bits by a multiply (no per-bit shifts).
+
+// Sigmoid table: bf16 bit patterns |x| in [kSigLo, kSigLo + kSigN), entry 2 i + s = sigmoid of the
+// pattern (kSigLo + i) | (s << 15).
+inline constexpr uint32_t kSigLo = 0x3980u;  // 2^-12
+inline constexpr uint32_t kSigN = 0x800u;    // up to 2^4 (exclusive)
+
+// Byte i of the result = bit i of b (b < 16), for a bytemap word.
+__device__ __forceinline__ uint32_t bits4_to_bytes(uint32_t b) {
+  return (b * 0x00204081u) & 0x01010101u;
+}
+
 // kPost: softmax post (the launch's a.fn == kSoftmax && !a.pre, router only), a template argument
 // so the other functions keep no copy of the sorted keys through the top-K rounds.
-template <class TIn, int LANES, bool kAux, bool kPost>
+// kV2: variant 2 (above); kK: its compile-time K (0 = a.K).
+template <class TIn, int LANES, bool kAux, bool kPost, bool kV2 = false, int kK = 0>
 __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
+  static_assert(!kV2 || (LANES == 32 && !kAux && !kPost), "variant 2: router, 32 lanes");
+  constexpr bool kLut = kV2 && std::is_same_v<TIn, __nv_bfloat16>;
   constexpr int RPB = kBlock / LANES;
   const int lane = static_cast<int>(threadIdx.x) % LANES;
   const int wl = static_cast<int>(threadIdx.x) % 32;
@@ -704,6 +732,15 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / LANES;
   const TIn* logits = static_cast<const TIn*>(a.logits);
   if (a.l2pf != 0 && row0 < a.T && nvalid > 0) prefetch_l2(logits + row0 * E + e0);
+  // Variant 2's sigmoid table (it reads no input, so it is filled before the PDL wait).
+  __shared__ float slut[kLut ? 2 * kSigN : 1];
+  const bool use_lut = kLut && a.fn == kSigmoid;
+  if (use_lut) {
+    for (uint32_t t = threadIdx.x; t < 2 * kSigN; t += kBlock) {
+      slut[t] =
+          score::sigmoid_f32(bits16_to_f32<__nv_bfloat16>((kSigLo + (t >> 1)) | ((t & 1u) << 15)));
+    }
+  }
   pdl_wait_and_trigger();
   const int64_t mapw = a.bitmap ? (E + 7) / 8 : E;
   const bool vec = a.vec != 0;
@@ -718,8 +755,8 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     for (int t = static_cast<int>(threadIdx.x); t < 8 * LANES; t += kBlock) {
       sbias[t] = t < E ? load_any_f32(a.bias, a.bias_dtype, t) : 0.0f;
     }
-    __syncthreads();
   }
+  if (has_bias || use_lut) __syncthreads();
   auto load_bias = [&](float(&b)[8]) {
     const float4 lo = *reinterpret_cast<const float4*>(&sbias[e0]);
     const float4 hi = *reinterpret_cast<const float4*>(&sbias[e0 + 4]);
@@ -734,6 +771,12 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     gw = Eg / 8;
     leader = nvalid > 0 && lane % gw == 0;
   }
+  // Variant 2's group ranks: this lane's group, its lanes, and the shuffles per rank (each lane of
+  // a group compares the group with nrank others); used where they cost fewer than the rounds.
+  const int mygroup = lane / gw;
+  const uint32_t gmask = ((gw == 32 ? 0u : (1u << gw)) - 1u) << (wl & ~(gw - 1));
+  const int nrank = grouped ? (a.G + gw - 1) / gw : 0;
+  const bool use_rank = nrank <= 2 * a.gk;
 
   // Prefetch (vec: every lane holds 8 experts or none): the warp's next row is loaded before this
   // one is computed, so the load latency overlaps the selection.
@@ -750,11 +793,16 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     const int n = active ? nvalid : 0;
     const int64_t off = row * static_cast<int64_t>(E) + e0;
     const uint32_t validbits = (1u << n) - 1u;
+    if constexpr (kV2) {
+      if (!active) continue;  // one warp per row: uniform, and every later row is inactive too
+    }
 
     float z[8];
+    uint4 rx = make_uint4(0u, 0u, 0u, 0u), ry = rx;  // variant 2: the row's raw words
     {
       float v[8];
       if (pf) {
+        if constexpr (kV2) rx = nx, ry = ny;
         decode8<TIn>(nx, ny, v);
         const int64_t nrow = row + stride;
         if (nrow < a.T && nvalid > 0) ldg_raw8(logits + nrow * E + e0, nx, ny);
@@ -762,18 +810,56 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
           prefetch_l2(logits + (nrow + stride) * E + e0);
         }
       } else if (n > 0) {
-        load8(logits + off, vec && n == 8, n, v);
+        if constexpr (kV2) {
+          ldg_raw8(logits + off, rx, ry);  // vec: all 8 present
+          decode8<TIn>(rx, ry, v);
+        } else {
+          load8(logits + off, vec && n == 8, n, v);
+        }
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) z[j] = j < n ? v[j] : -INFINITY;
     }
     auto store_row = [&](float* dst, const float(&vals)[8]) {
-      if (n > 0) store8(dst + off, vec && n == 8, n, vals);
+      if (kV2) {
+        if (n > 0) store8(dst + off, true, 8, vals);  // vec: two 16-byte stores
+      } else if (n > 0) {
+        store8(dst + off, vec && n == 8, n, vals);
+      }
     };
 
     // Steps 1-2: scores and selection scores (invalid slots hold -inf, which every score
     // function maps to 0 without a branch; their keys are 0 below).
-    if (a.fn == kSoftmax && (kAux || a.pre)) {
+    if (use_lut) {
+      // Variant 2, bf16 sigmoid: table lookups; the inputs outside it are computed.
+      const uint32_t w[4] = {rx.x, rx.y, rx.z, rx.w};
+      uint32_t miss = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b = (j & 1) ? (w[j / 2] >> 16) : (w[j / 2] & 0xffffu);
+        const uint32_t i = (b & 0x7fffu) - kSigLo;
+        const bool hit = i < kSigN;
+        z[j] = slut[hit ? 2u * i + (b >> 15) : 0u];
+        miss |= hit ? 0u : (1u << j);
+      }
+      if (n == 0) miss = 0;
+      if (__any_sync(0xffffffffu, miss != 0u)) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if ((miss >> j) & 1u) {
+            const uint32_t b = (j & 1) ? (w[j / 2] >> 16) : (w[j / 2] & 0xffffu);
+            z[j] = score::sigmoid_f32(bits16_to_f32<__nv_bfloat16>(b));
+          }
+        }
+      }
+      store_row(a.saved, z);
+      if (has_bias) {
+        float bias[8];
+        load_bias(bias);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = z[j] + bias[j];
+      }
+    } else if (a.fn == kSoftmax && (kAux || a.pre)) {
       float m = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) m = fmaxf(m, z[j]);
@@ -825,8 +911,11 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     }
     uint32_t sk[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) sk[j] = j < n ? ord_key_nz(z[j]) : 0u;
+    for (int j = 0; j < 8; ++j) sk[j] = (kV2 || j < n) ? ord_key_nz(z[j]) : 0u;
     sort8_desc(sk);
+    // Variant 2: whether this lane's keys take part in the top-K (its head is cleared otherwise;
+    // a lane without experts, n == 0, is in no group).
+    bool keep = n > 0;
 
     // Step 3, grouped: group scores, then the top g_k groups; lanes of other groups drop out.
     if (grouped) {
@@ -864,19 +953,39 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
           acc = acc + key_value(m);
         }
       }
-      uint32_t gkey = (active && leader) ? ord_key_nz(acc) : 0u;  // 0 + ...: never -0
-      uint32_t gsel = 0;
-      for (int r = 0; r < a.gk; ++r) {
-        bool win;
-        seg_pick<LANES>(gkey, segmask, mybit, &win);
-        const uint32_t b = __ballot_sync(0xffffffffu, win);
-        gsel |= b;
-        if (win) gkey = 0u;
+      bool in_group;
+      if (kV2 && use_rank) {
+        // Every lane of a group holds its score. Group g is picked iff fewer than g_k groups are
+        // ahead of it by (key desc, index asc), i.e. iff a round would pick it; key 0 (a NaN
+        // score's) is never picked, as in the rounds.
+        const uint32_t kg = mygroup < a.G ? ord_key_nz(acc) : 0u;
+        int rank = 0;
+        for (int i = 0; i < nrank; ++i) {
+          const int o = (lane & (gw - 1)) + i * gw;
+          const uint32_t ko = __shfl_sync(0xffffffffu, kg, (o < a.G ? o : 0) * gw);
+          const bool ahead = o < a.G && (ko > kg || (ko == kg && o < mygroup));
+          rank += __popc(__ballot_sync(0xffffffffu, ahead) & gmask);
+        }
+        in_group = kg != 0u && rank < a.gk;
+      } else {
+        uint32_t gkey = (active && leader) ? ord_key_nz(acc) : 0u;  // 0 + ...: never -0
+        uint32_t gsel = 0;
+        for (int r = 0; r < a.gk; ++r) {
+          bool win;
+          seg_pick<LANES>(gkey, segmask, mybit, &win);
+          const uint32_t b = __ballot_sync(0xffffffffu, win);
+          gsel |= b;
+          if (win) gkey = 0u;
+        }
+        // This lane's group was picked iff its leader lane won a round.
+        in_group = ((gsel >> (wl & ~(gw - 1))) & 1u) != 0u;
       }
-      // This lane's group was picked iff its leader lane won a round.
-      const bool in_group = ((gsel >> (wl & ~(gw - 1))) & 1u) != 0u;
+      if constexpr (kV2) {
+        keep = in_group;
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sk[j] = in_group ? sk[j] : 0u;
+        for (int j = 0; j < 8; ++j) sk[j] = in_group ? sk[j] : 0u;
+      }
     }
 
     // Step 3: top-K.
@@ -885,7 +994,31 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     for (int j = 0; j < 8; ++j) so[j] = post ? sk[j] : 0u;
     uint32_t first, thr;
     int c;
-    if constexpr (LANES == 1) {
+    if constexpr (kV2) {
+      // A lane that does not take part never holds the maximum (its head is 0), so it never pops
+      // and the rest of its keys are never read.
+      sk[0] = keep ? sk[0] : 0u;
+      first = 0u;
+      thr = 0u;
+      c = 0;
+      const uint32_t ltmask = mybit - 1u;
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        if (r < (kK > 0 ? kK : a.K)) {
+          const uint32_t h = sk[0];
+          const uint32_t m = __reduce_max_sync(0xffffffffu, h);
+          const bool eq = h == m && h != 0u;
+          const uint32_t b = __ballot_sync(0xffffffffu, eq);
+          if (eq && (b & ltmask) == 0u) {  // the lowest lane holding the maximum
+            thr = h;
+            ++c;
+#pragma unroll
+            for (int j = 0; j < 7; ++j) sk[j] = sk[j + 1];
+            sk[7] = 0u;
+          }
+        }
+      }
+    } else if constexpr (LANES == 1) {
       first = sk[0];
       thr = sk[0];
 #pragma unroll
@@ -915,28 +1048,42 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     uint32_t selbits = 0;
     {
       const float thr_f = c > 0 ? key_value(thr) : __uint_as_float(0x7fffffffu);
-      uint32_t gtb = 0, eqb = 0;
+      bool done = false;
+      if constexpr (kV2) {
+        // z >= thr: every pick, and exactly the picks unless the threshold value is split (then
+        // the walk below). Slots beyond E: none (vec).
+        uint32_t geb = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        gtb |= z[j] > thr_f ? (1u << j) : 0u;
-        eqb |= z[j] == thr_f ? (1u << j) : 0u;
-      }
-      gtb &= validbits;
-      eqb &= validbits;
-      int need = c - __popc(gtb);
-      // need <= popc(eqb) (the lane's picks are its first c sorted keys); all ties are taken
-      // unless the threshold value is split, which needs the slot-order walk.
-      if (need == __popc(eqb)) {
-        selbits = eqb;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const bool take = ((eqb >> j) & 1u) != 0u && need > 0;
-          need -= take ? 1 : 0;
-          selbits |= take ? (1u << j) : 0u;
+        for (int j = 0; j < 8; ++j) geb |= z[j] >= thr_f ? (1u << j) : 0u;
+        if (__popc(geb) == c) {
+          selbits = geb;
+          done = true;
         }
       }
-      selbits |= gtb;
+      if (!done) {
+        uint32_t gtb = 0, eqb = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          gtb |= z[j] > thr_f ? (1u << j) : 0u;
+          eqb |= z[j] == thr_f ? (1u << j) : 0u;
+        }
+        gtb &= validbits;
+        eqb &= validbits;
+        int need = c - __popc(gtb);
+        // need <= popc(eqb) (the lane's picks are its first c sorted keys); all ties are taken
+        // unless the threshold value is split, which needs the slot-order walk.
+        if (need == __popc(eqb)) {
+          selbits = eqb | gtb;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const bool take = ((eqb >> j) & 1u) != 0u && need > 0;
+            need -= take ? 1 : 0;
+            selbits |= take ? (1u << j) : 0u;
+          }
+          selbits |= gtb;
+        }
+      }
     }
     auto selected = [&](int j) { return ((selbits >> j) & 1u) != 0u; };
 
@@ -993,11 +1140,16 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) p[j] = selected(j) ? a.scaling * p[j] : 0.0f;
-      if (n > 0) store8(static_cast<TIn*>(a.probs) + off, vec && n == 8, n, p);
+      if (n > 0) store8(static_cast<TIn*>(a.probs) + off, kV2 || (vec && n == 8), n, p);
     }
     if (n > 0) {
       uint8_t* dst = a.map + row * mapw + (a.bitmap ? e0 / 8 : e0);
-      store_map8(dst, a.bitmap != 0, vec && n == 8, n, selbits);
+      if (kV2 && a.bitmap == 0) {  // vec: 8 bytes, 8-byte aligned
+        *reinterpret_cast<uint2*>(dst) =
+            make_uint2(bits4_to_bytes(selbits & 0xfu), bits4_to_bytes(selbits >> 4));
+      } else {
+        store_map8(dst, a.bitmap != 0, vec && n == 8, n, selbits);
+      }
     }
   }
 }
@@ -1156,6 +1308,9 @@ bool use_fast_fwd();
 // the row kernels prefetch their first row into L2 before the PDL wait.
 int prefetch_level();
 bool use_l2_prefetch();
+// MOE_ROUTER_FWD8 (0 or 1; default 0): 1 = fwd8_kernel's variant 2 (kV2, see there) where it
+// applies, for A/B comparisons; any other value throws std::invalid_argument.
+int fwd8_variant();
 
 template <class... KArgs>
 void launch_rows(void (*kernel)(KArgs...), int64_t rows, int lanes, int blocks_per_sm,
@@ -1199,7 +1354,16 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
           constexpr bool P = decltype(post_c)::value;
           launch_rows(fwd8_kernel<TIn, L, kAux, P>, a.T, L, 4, s, b);
         };
-        if (!kAux && a.fn == kSoftmax && !a.pre)
+        const bool post = !kAux && a.fn == kSoftmax && !a.pre;
+        // Variant 2: 16-bit logits only (at f32, and with kK = 8, ptxas spills under the
+        // 64-register cap).
+        if constexpr (L == 32 && !kAux && sizeof(TIn) == 2) {
+          if (fwd8_variant() == 1 && !post && a.vec != 0 && a.K <= 8) {
+            launch_rows(fwd8_kernel<TIn, L, false, false, true, 0>, a.T, L, 4, s, b);
+            return;
+          }
+        }
+        if (post)
           launch8(std::integral_constant<bool, !kAux>{});
         else
           launch8(std::false_type{});

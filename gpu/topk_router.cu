@@ -57,6 +57,17 @@ bool use_l2_prefetch() {
   static const bool on = env_flag("MOE_ROUTER_L2PF", true);
   return on;
 }
+int fwd8_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("MOE_ROUTER_FWD8");
+    if (e == nullptr || *e == '\0') return 0;
+    const std::string x(e);
+    if (x == "0") return 0;
+    if (x == "1") return 1;
+    throw std::invalid_argument("MOE_ROUTER_FWD8: expected 0 or 1, got '" + x + "'");
+  }();
+  return v;
+}
 
 }  // namespace rowk
 
