@@ -60,7 +60,7 @@ bool use_l2_prefetch() {
 int fwd8_variant() {
   static const int v = [] {
     const char* e = std::getenv("MOE_ROUTER_FWD8");
-    if (e == nullptr || *e == '\0') return 0;
+    if (e == nullptr || *e == '\0') return 1;
     const std::string x(e);
     if (x == "0") return 0;
     if (x == "1") return 1;
