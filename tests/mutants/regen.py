@@ -30,8 +30,8 @@ M = [
      "fast router, one lane per row (E <= 8): the K-th key loop stops at 7, so K = 8 picks the "
      "wrong threshold (only E = 8, K = 8)"),
     ("003", "router_tie_slot_order", "tie-break", "gpu/router_row.cuh", 1,
-     "        for (int j = 0; j < 8; ++j) {\n          const bool take",
-     "        for (int j = 7; j >= 0; --j) {\n          const bool take",
+     "          for (int j = 0; j < 8; ++j) {\n            const bool take",
+     "          for (int j = 7; j >= 0; --j) {\n            const bool take",
      "fast router: a split tie inside a lane takes the highest expert indices first "
      "(canonical rule is index ascending)"),
     ("004", "router_bwd_norm_term", "missing-grad-term", "gpu/router_row.cuh", 1,
