@@ -697,9 +697,8 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
 //    before, in a branch the warp takes only when one of its lanes has such an input;
 //  - the g_k group rounds become one rank per group (groups strictly ahead by (score desc, index
 //    asc), counted by ballots): the same g_k groups as the rounds pick;
-//  - top-K rounds unrolled (K <= 8; kK > 0 would make K compile-time, but ptxas then spills, so
-//    only kK = 0 is launched), one lane-mask test per round for the lowest lane, and lanes outside
-//    the picked groups only clear their head;
+//  - top-K rounds unrolled (K <= 8; a compile-time K = 8 made ptxas spill), one lane-mask test per
+//    round for the lowest lane, and lanes outside the picked groups only clear their head;
 //  - decode: the lane's slots with z >= thr are its picks unless the threshold value is split;
 //  - the routing map's bytes from the bits by a multiply (no per-bit shifts).
 
@@ -715,8 +714,8 @@ __device__ __forceinline__ uint32_t bits4_to_bytes(uint32_t b) {
 
 // kPost: softmax post (the launch's a.fn == kSoftmax && !a.pre, router only), a template argument
 // so the other functions keep no copy of the sorted keys through the top-K rounds.
-// kV2: variant 2 (above); kK: its compile-time K (0 = a.K).
-template <class TIn, int LANES, bool kAux, bool kPost, bool kV2 = false, int kK = 0>
+// kV2: variant 2 (above).
+template <class TIn, int LANES, bool kAux, bool kPost, bool kV2 = false>
 __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   static_assert(!kV2 || (LANES == 32 && !kAux && !kPost), "variant 2: router, 32 lanes");
   constexpr bool kLut = kV2 && std::is_same_v<TIn, __nv_bfloat16>;
@@ -1004,7 +1003,7 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       const uint32_t ltmask = mybit - 1u;
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
-        if (r < (kK > 0 ? kK : a.K)) {
+        if (r < a.K) {
           const uint32_t h = sk[0];
           const uint32_t m = __reduce_max_sync(0xffffffffu, h);
           const bool eq = h == m && h != 0u;
@@ -1357,11 +1356,11 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
           launch_rows(fwd8_kernel<TIn, L, kAux, P>, a.T, L, 4, s, b);
         };
         const bool post = !kAux && a.fn == kSoftmax && !a.pre;
-        // Variant 2: 16-bit logits only (at f32, and with kK = 8, ptxas spills under the
-        // 64-register cap).
+        // Variant 2: 16-bit logits only (at f32, and with a compile-time K = 8, ptxas spills
+        // under the 64-register cap).
         if constexpr (L == 32 && !kAux && sizeof(TIn) == 2) {
           if (fwd8_variant() == 1 && !post && a.vec != 0 && a.K <= 8) {
-            launch_rows(fwd8_kernel<TIn, L, false, false, true, 0>, a.T, L, 4, s, b);
+            launch_rows(fwd8_kernel<TIn, L, false, false, true>, a.T, L, 4, s, b);
             return;
           }
         }
