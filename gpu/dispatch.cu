@@ -314,6 +314,9 @@ int64_t dispatch_rows_resident() {
 // combine fwd 83.3 -> 88.3%, dispatch bwd 83.1 -> 89.2% at U = 4, KB = 1, kMinBlocks = 1 (or 2,
 // the same). Loading several slots' rows before adding (KB = 2 or 4, U = 2) or capping the
 // registers for 3-4 blocks an SM measured slower (44-72%): spills and fewer vectors per thread.
+// U, KB and kMinBlocks stay template parameters so those variants can be timed again; writing the
+// loop out for KB = 1 by hand changes the generated SASS (nvdisasm), and a compile-time thread
+// count cost 22 points, so a simplification here needs a same-run A/B first.
 template <class T, int N, int U, int KB, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gather_sum_kernel(const T* src, long long src_rows, const int32_t* rid, const int32_t* pad,
