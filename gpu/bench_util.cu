@@ -200,6 +200,89 @@ CopyBandwidth measure_copy_bandwidth(size_t bytes, int samples, Stream s) {
 
 namespace {
 
+// The copy kernel of time_copy_of: 16-byte vectors, four per thread in flight, grid-stride.
+__global__ void copy16_kernel(const int4* __restrict__ src, int4* __restrict__ dst, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const int4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a;
+    dst[i + stride] = b;
+    dst[i + 2 * stride] = c;
+    dst[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+// The floor of time_copy_of: a kernel that moves nothing. It waits for its predecessor
+// (griddepcontrol.wait) and is launched with programmatic dependent launch, the cheapest chaining
+// the op kernels use (the router's, gpu/router_row.cuh).
+__global__ void empty_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+}  // namespace
+
+SizedCopy time_copy_of(double bytes, int samples) {
+  const size_t half = (static_cast<size_t>(std::ceil(std::max(bytes, 2.0) / 2.0)) + 15) / 16 * 16;
+  const int sets = rotation_sets(2.0 * static_cast<double>(half));
+  auto st = reinterpret_cast<cudaStream_t>(bench_stream());
+  int dev = 0, sms = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t n = static_cast<int64_t>(half / 16);
+  constexpr int kThreads = 512;
+  const int grid = static_cast<int>(
+      std::min<int64_t>(static_cast<int64_t>(sms) * 4, (n + kThreads - 1) / kThreads));
+  std::vector<void*> bufs;
+  SizedCopy r;
+  try {
+    for (int k = 0; k < 2 * sets; ++k) {
+      void* b = nullptr;
+      MOE_CUDA_CHECK(cudaMalloc(&b, half));
+      bufs.push_back(b);
+      MOE_CUDA_CHECK(cudaMemsetAsync(b, 0x5a, half, st));
+    }
+    r.memcpy = time_launches_auto(
+        [&](int i) {
+          const size_t k = static_cast<size_t>(i % sets);
+          MOE_CUDA_CHECK(
+              cudaMemcpyAsync(bufs[2 * k + 1], bufs[2 * k], half, cudaMemcpyDeviceToDevice, st));
+        },
+        samples);
+    r.kernel = time_launches_auto(
+        [&](int i) {
+          const size_t k = static_cast<size_t>(i % sets);
+          copy16_kernel<<<grid, kThreads, 0, st>>>(static_cast<const int4*>(bufs[2 * k]),
+                                                   static_cast<int4*>(bufs[2 * k + 1]), n);
+          MOE_CUDA_CHECK(cudaGetLastError());
+        },
+        samples);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    r.empty = time_launches_auto(
+        [&](int) { MOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, empty_kernel)); }, samples);
+    MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+  } catch (...) {
+    for (void* b : bufs) cudaFree(b);
+    throw;
+  }
+  for (void* b : bufs) MOE_CUDA_CHECK(cudaFree(b));
+  r.median_ms = std::min(r.memcpy.median_ms, r.kernel.median_ms);
+  return r;
+}
+
+namespace {
+
 void check_blas(cublasStatus_t st, const char* what, int line) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
   throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(st) + " in " + what +

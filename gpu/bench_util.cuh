@@ -59,6 +59,20 @@ struct CopyBandwidth {
 CopyBandwidth measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int samples = 25,
                                      Stream s = nullptr);
 
+// A copy of an op's size, timed as the op is: `bytes` moved in all (bytes / 2 read, bytes / 2
+// written, rounded up to 16 bytes) over rotation_sets(bytes) buffer pairs, with
+// time_launches_auto (CUDA graph replays), two ways: cudaMemcpyAsync, and a plain 16-byte-vector
+// copy kernel (a graph's memcpy node may go to a copy engine, whose rate differs from a kernel's).
+// The faster of the two is what a memory-bound kernel of that size can be held to: launch,
+// ramp-up and tail cost it as they cost the op, which the 1 GiB copy above hides. `empty` times
+// a kernel that moves nothing, chained by programmatic dependent launch (one block; the floor of
+// any kernel's time in this harness). Its buffers are freed before it returns.
+struct SizedCopy {
+  TimingStats memcpy, kernel, empty;
+  double median_ms = 0;  // the smaller of memcpy's and kernel's medians
+};
+SizedCopy time_copy_of(double bytes, int samples = 25);
+
 // The dense baseline of GEMM-like ops: one cublasGemmEx of m x k x n in dtype d (row-major, fp32
 // accumulation, no reduced-precision split-K reductions and a fixed 32 MiB workspace: the settings
 // of gpu/grouped_gemm.cuh), operands filled with seeded uniform values, timed on bench_stream()

@@ -27,6 +27,7 @@
 #   gemm_sm90_ds_fwd    grouped_gemm    deepseek_uniform  fwd  sm90 grouped_rows_kernel
 #                       (MOE_GEMM_IMPL=sm90: gpu/grouped_gemm.cu's default_gemm_impl; where the
 #                       kernel cannot run, sm90 falls back to cuBLAS and nothing is profiled)
+#   gemm_sm90_mixtral_fwd grouped_gemm  mixtral_uniform   fwd  the same kernel, compute-bound shape
 #
 # What is profiled: `moe-harness bench --op OP --case NAME --samples 20` under
 #   ncu --target-processes all --kernel-name-base demangled --kernel-name regex:RE
@@ -77,6 +78,7 @@ targets=(
   "combine_ds_fwd;token_combine;deepseek_v3;fwd;;gather_sum_kernel;1"
   "dispatch_ds_bwd;token_dispatch;deepseek_v3;bwd;;gather_sum_kernel|dispatch_bwd_probs_kernel;2"
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
+  "gemm_sm90_mixtral_fwd;grouped_gemm;mixtral_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
 )
 target_names=()
 for t in "${targets[@]}"; do target_names+=("${t%%;*}"); done

@@ -9,7 +9,14 @@
 // What a row reports depends on the op (OpInfo::Bench hints):
 //   memory-bound (default)  fwd, bwd rows: GB/s from OpInfo::cost bytes, % of a device-to-device
 //                           copy measured in the same run; a note gives a second byte count
-//                           where the record supplies one (e.g. an issue's formula)
+//                           where the record supplies one (e.g. an issue's formula), and one
+//                           a copy of the row's own bytes timed the same way (gpu::time_copy_of:
+//                           rotated buffers, graph replays; the faster of cudaMemcpy and a copy
+//                           kernel), the rate a kernel of that size can reach once launch,
+//                           ramp-up and tail are paid (JSON "same_size_copy_us",
+//                           "pct_same_size_copy", "same_size_copy_memcpy_us" / "_kernel_us"),
+//                           and an empty kernel's time, the floor of any kernel here
+//                           ("empty_kernel_us")
 //   GEMM-like (dense_m/k/n) fwd, fwd+bwd rows: TFLOP/s from cost flops, % of one dense cuBLAS
 //                           GEMM of equal FLOPs timed in the same run (fwd; fwd + dgrad + wgrad)
 //   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops); a dense
@@ -130,6 +137,10 @@ struct Result {
   double bytes = 0, gbps = 0, pct_copy = 0;
   double alt_bytes = 0, alt_gbps = 0, alt_pct_copy = 0;
   std::string alt_note;
+  // Memory-bound moe-gpu rows: a copy of the row's bytes timed as the row is (time_copy_of).
+  double same_copy_us = 0, pct_same_copy = 0;               // the faster of:
+  double same_copy_memcpy_us = 0, same_copy_kernel_us = 0;  // cudaMemcpyAsync, a copy kernel
+  double empty_kernel_us = 0;  // a kernel moving nothing, timed the same way
   double flops = 0, tflops = 0;
   double dense_us = 0, dense_tflops = 0, pct_dense = 0;  // GEMM-like rows (rate: token-level)
   int64_t dense_m = 0, dense_k = 0, dense_n = 0;
@@ -235,6 +246,13 @@ nlohmann::json to_json(const Result& r) {
     j["alt_gbps"] = r.alt_gbps;
     j["alt_pct_copy"] = r.alt_pct_copy;
     j["alt_bytes_note"] = r.alt_note;
+  }
+  if (r.same_copy_us > 0) {
+    j["same_size_copy_us"] = r.same_copy_us;
+    j["pct_same_size_copy"] = r.pct_same_copy;
+    j["same_size_copy_memcpy_us"] = r.same_copy_memcpy_us;
+    j["same_size_copy_kernel_us"] = r.same_copy_kernel_us;
+    j["empty_kernel_us"] = r.empty_kernel_us;
   }
   if (r.kind == "gemm" || r.dense_tflops > 0) {  // token-level rows: the roofline's rate
     j["dense"] = {{"m", r.dense_m},
@@ -367,6 +385,18 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
   gpu::device_synchronize();
   gpu::release_buffer_cache();  // and return them to the device: the next shapes differ
 
+  if (kind == Kind::memory) {
+    for (Result& r : rows) {
+      if (!(r.bytes > 0) || !(r.median_us > 0)) continue;
+      const gpu::SizedCopy sc = gpu::time_copy_of(r.bytes, samples);
+      r.same_copy_us = sc.median_ms * 1e3;
+      r.same_copy_memcpy_us = sc.memcpy.median_ms * 1e3;
+      r.same_copy_kernel_us = sc.kernel.median_ms * 1e3;
+      r.empty_kernel_us = sc.empty.median_ms * 1e3;
+      r.pct_same_copy = 100.0 * r.same_copy_us / r.median_us;
+    }
+  }
+
   bool dense_timed = false;
   gpu::DenseGemmTiming dense;
   if (has_dense && kind != Kind::memory) {
@@ -395,6 +425,15 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
     if (r.alt_bytes > 0) {
       std::printf("  note %s %s: %.1f MB %s: %.0f GB/s, %.1f%% of copy\n", r.name.c_str(),
                   r.dir.c_str(), r.alt_bytes / 1e6, r.alt_note.c_str(), r.alt_gbps, r.alt_pct_copy);
+    }
+    if (r.same_copy_us > 0) {
+      std::printf(
+          "  note %s %s: a copy of the same %.1f MB, timed the same way: %.1f us (%.1f%% of the "
+          "copy bandwidth; cudaMemcpy %.1f us, copy kernel %.1f us; an empty kernel %.1f us); "
+          "this row runs at %.1f%% of its rate\n",
+          r.name.c_str(), r.dir.c_str(), r.bytes / 1e6, r.same_copy_us,
+          r.pct_copy * r.median_us / r.same_copy_us, r.same_copy_memcpy_us, r.same_copy_kernel_us,
+          r.empty_kernel_us, r.pct_same_copy);
     }
   }
   print_stages(rows);
@@ -540,6 +579,8 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
     r.pct_copy = 100.0 * r.gbps / copy.gbps;
     r.alt_bytes = r.alt_gbps = r.alt_pct_copy = 0;
     r.alt_note.clear();
+    r.same_copy_us = r.pct_same_copy = r.same_copy_memcpy_us = r.same_copy_kernel_us = 0;
+    r.empty_kernel_us = 0;
     r.flops = fwd->flops + bwd->flops;
     r.tflops = r.flops / (r.median_us * 1e-6) / 1e12;
     if (r.tokens > 0) r.tokens_per_s = r.tokens / (r.median_us * 1e-6);

@@ -1,0 +1,48 @@
+// gpu/bench_util's yardsticks: the same-size copy and the empty kernel that `bench` sets beside
+// every memory-bound row (tools/bench_cmd.cpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "harness/ops/registry.h"
+
+#ifdef MOE_WITH_CUDA
+#include "gpu/bench_util.cuh"
+#endif
+
+namespace {
+
+#define MOE_SKIP_WITHOUT_GPU()                                          \
+  do {                                                                  \
+    if (!::moe::ops::gpu_available())                                   \
+      GTEST_SKIP() << "no CUDA GPU: " << ::moe::ops::gpu_description(); \
+  } while (0)
+
+#ifdef MOE_WITH_CUDA
+
+// Each way is timed, the row's figure is the faster copy, and an empty kernel, which moves
+// nothing, is faster than either copy of 8 MB (at least 2.7 us of DRAM traffic at 3 TB/s).
+TEST(BenchUtilGpu, SizedCopyTimesEveryWayAndKeepsTheFasterCopy) {
+  MOE_SKIP_WITHOUT_GPU();
+  const moe::gpu::SizedCopy c = moe::gpu::time_copy_of(8e6, 20);
+  for (const moe::gpu::TimingStats* t : {&c.memcpy, &c.kernel, &c.empty}) {
+    EXPECT_GE(t->samples, 20);
+    EXPECT_GT(t->median_ms, 0.0);
+    EXPECT_LE(t->min_ms, t->median_ms);
+  }
+  EXPECT_EQ(c.median_ms, std::min(c.memcpy.median_ms, c.kernel.median_ms));
+  EXPECT_LT(c.empty.median_ms, c.median_ms);
+}
+
+// Bytes round up to whole 16-byte vectors per half; a tiny or zero count still times a copy.
+TEST(BenchUtilGpu, SizedCopyTakesTinySizes) {
+  MOE_SKIP_WITHOUT_GPU();
+  for (double bytes : {0.0, 1.0, 33.0}) {
+    const moe::gpu::SizedCopy c = moe::gpu::time_copy_of(bytes, 20);
+    EXPECT_GT(c.median_ms, 0.0) << bytes;
+  }
+}
+
+#endif
+
+}  // namespace
