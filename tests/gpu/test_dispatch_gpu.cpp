@@ -1,7 +1,8 @@
 // GPU tests of the permutation and EP twins (SPEC §4-9), beyond the registry suite: every EP op
 // at P in {1,2,4,8} against the reference (outputs poisoned before each launch by the binding; two
 // runs bitwise equal), larger shapes for determinism, the SPEC
-// regression cases R1, R3 (receive buffer), R4, R6, R7, R8, R11, R12, R14 on the device, one test
+// regression cases R1, R3 (receive buffer), R4, R6, R7, R8, R11, R12, R14 on the device, a
+// dispatch backward whose map repeats an expert in a token (last slot wins), one test
 // per data-dependent error and a tensor over 2^31 elements (int64 indexing). The benchmark is
 // `moe-harness bench --op token_dispatch --op token_combine --op sort_chunks_by_index` (full-size
 // inputs generated on the device, verified first).
@@ -446,6 +447,48 @@ TEST(DispatchGpuRegression, R12_ZeroProbQuirk) {
     // The backward still routes the slot's cotangent into grad x[3] (the reference says so).
     const std::string f = gpu_failures(c);
     EXPECT_TRUE(f.empty()) << f;
+  }
+}
+
+// A handed-in row_id_map that names one expert in several slots of a token: grad_probs[t, e]
+// ends as the last such slot's cotangent (the reference's sequential write), whether the slots
+// fall in one 32-slot chunk of the warp that writes them or in two. Two runs are bitwise equal.
+TEST(DispatchGpuRegression, DispatchBackwardRepeatedExpertLastSlotWins) {
+  REQUIRE_GPU();
+  const int64_t T = 2, E = 64, H = 8, R = 100, W = 2 * E + 1;
+  Tensor rim(DType::i32, {T, W});
+  for (int64_t i = 0; i < T * W; ++i) rim.set(i, -1.0);
+  // Token 0: 40 slots, slot k -> row k, expert k, except slot 12 -> expert 10 (chunk 0 twice),
+  // slot 37 -> expert 5 (chunks 0 and 1) and slot 38 -> expert 33 (chunk 1 twice).
+  const int64_t n0 = 40;
+  for (int64_t k = 0; k < n0; ++k) {
+    const int64_t e = k == 12 ? 10 : k == 37 ? 5 : k == 38 ? 33 : k;
+    rim.set(0, k, static_cast<double>(k));
+    rim.set(0, E + k, static_cast<double>(e));
+  }
+  rim.set(0, 2 * E, static_cast<double>(n0));
+  for (int64_t k = 0; k < 3; ++k) {  // token 1: three plain slots
+    rim.set(1, k, static_cast<double>(50 + k));
+    rim.set(1, E + k, static_cast<double>(7 * k));
+  }
+  rim.set(1, 2 * E, 3.0);
+  Tensor gp(DType::bf16, {R, H});
+  Tensor gpp(DType::f32, {R});
+  for (int64_t r = 0; r < R; ++r) gpp.set(r, 0.5 + static_cast<double>(r));
+  const auto want = moe::ref::token_dispatch_bwd(gp, &gpp, rim, nullptr);
+  ASSERT_TRUE(want.grad_probs.has_value());
+  EXPECT_EQ(want.grad_probs->at(0, 10), 12.5);
+  EXPECT_EQ(want.grad_probs->at(0, 5), 37.5);
+  EXPECT_EQ(want.grad_probs->at(0, 33), 38.5);
+  const DeviceTensor d_gp = DeviceTensor::upload(gp), d_gpp = DeviceTensor::upload(gpp);
+  const DeviceTensor d_rim = DeviceTensor::upload(rim);
+  const auto a = moe::gpu::token_dispatch_bwd(d_gp, &d_gpp, d_rim, nullptr);
+  const auto b = moe::gpu::token_dispatch_bwd(d_gp, &d_gpp, d_rim, nullptr);
+  ASSERT_TRUE(a.grad_probs.has_value() && b.grad_probs.has_value());
+  const Tensor ga = a.grad_probs->download(), gb = b.grad_probs->download();
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_TRUE(rows_bitwise_equal(ga, t, *want.grad_probs, t)) << "token " << t;
+    EXPECT_TRUE(rows_bitwise_equal(ga, t, gb, t)) << "token " << t;
   }
 }
 
