@@ -280,6 +280,12 @@ M = [
      "return std::ldexp(1.0, std::max(e - 1, f.emin) - (f.precision - 1));",
      "return std::ldexp(1.0, (e - 1) - (f.precision - 1));",
      "ulp of a subnormal computed as if normal (too small: tolerances of tiny results shrink)"),
+    # ---- gpu/: added in session 10 -----------------------------------------------------------
+    ("062", "dispatch_probs_first_slot_wins", "index", "gpu/dispatch.cu", 1,
+     "const unsigned above = ~((2u << lane) - 1u);",
+     "const unsigned above = (1u << lane) - 1u;",
+     "dispatch backward grad_probs: of the slots of a chunk that name one expert, the first "
+     "writes instead of the last (only a map that repeats an expert in a token)"),
 ]
 
 
