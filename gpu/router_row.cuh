@@ -696,9 +696,11 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
 //    value the row would compute); other inputs (zeros, tiny, large, non-finite) are computed as
 //    before, in a branch the warp takes only when one of its lanes has such an input;
 //  - the g_k group rounds become one rank per group (groups strictly ahead by (score desc, index
-//    asc), counted by ballots): the same g_k groups as the rounds pick;
-//  - top-K rounds unrolled (K <= 8; a compile-time K = 8 made ptxas spill), one lane-mask test per
-//    round for the lowest lane, and lanes outside the picked groups only clear their head;
+//    asc), counted by ballots): the same g_k groups as the rounds pick; at most 2 compares per
+//    lane (e.g. 8 groups of 4 lanes) without a loop;
+//  - top-K rounds unrolled (K <= 8; a compile-time K = 8 made ptxas spill), always 8 of them with
+//    r < K in the win test instead of a branch, one lane-mask test per round for the lowest lane,
+//    and lanes outside the picked groups only clear their head;
 //  - decode: the lane's slots with z >= thr are its picks unless the threshold value is split;
 //  - the routing map's bytes from the bits by a multiply (no per-bit shifts).
 
@@ -776,6 +778,9 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   const uint32_t gmask = ((gw == 32 ? 0u : (1u << gw)) - 1u) << (wl & ~(gw - 1));
   const int nrank = grouped ? (a.G + gw - 1) / gw : 0;
   const bool use_rank = nrank <= 2 * a.gk;
+  // Experts per group counted towards a group's score (row-independent: an integer division
+  // that was computed per row).
+  const int kp_pre = grouped ? a.K / a.gk : 0;
 
   // Prefetch (vec: every lane holds 8 experts or none): the warp's next row is loaded before this
   // one is computed, so the load latency overlaps the selection.
@@ -832,21 +837,36 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     if (use_lut) {
       // Variant 2, bf16 sigmoid: table lookups; the inputs outside it are computed.
       const uint32_t w[4] = {rx.x, rx.y, rx.z, rx.w};
-      uint32_t miss = 0;
+      // Entry 2 i + s of the j-th value as a byte offset, from its word without extracting the
+      // half: i wraps below kSigLo and is clamped to kSigN - 1 (a valid entry, overwritten below
+      // on a miss), and the misses are found from the largest i of each half (low halves: i; high
+      // halves: i << 16), instead of a hit test, a select and a miss bit per value. The hits read
+      // the same entries as before; lanes without experts (n == 0) read a different entry, but
+      // their z is never stored nor selected.
+      const char* lut = reinterpret_cast<const char*>(slut);
+      uint32_t imax_lo = 0, imax_hi = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t b = (j & 1) ? (w[j / 2] >> 16) : (w[j / 2] & 0xffffu);
-        const uint32_t i = (b & 0x7fffu) - kSigLo;
-        const bool hit = i < kSigN;
-        z[j] = slut[hit ? 2u * i + (b >> 15) : 0u];
-        miss |= hit ? 0u : (1u << j);
+        const uint32_t x = w[j / 2];
+        uint32_t byte_off;  // 4 (2 i + s)
+        if (j & 1) {
+          const uint32_t i = (x & 0x7fff0000u) - (kSigLo << 16);
+          imax_hi = max(imax_hi, i);
+          byte_off = (min(i, (kSigN - 1u) << 16) >> 13) + ((x >> 31) << 2);
+        } else {
+          const uint32_t i = (x & 0x7fffu) - kSigLo;
+          imax_lo = max(imax_lo, i);
+          byte_off = (min(i, kSigN - 1u) << 3) + ((x >> 13) & 4u);
+        }
+        z[j] = *reinterpret_cast<const float*>(lut + byte_off);
       }
-      if (n == 0) miss = 0;
-      if (__any_sync(0xffffffffu, miss != 0u)) {
+      // Some value of this lane is outside the table (lanes without experts: none).
+      const bool miss = n != 0 && max(imax_lo, imax_hi >> 16) >= kSigN;
+      if (__any_sync(0xffffffffu, miss)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if ((miss >> j) & 1u) {
-            const uint32_t b = (j & 1) ? (w[j / 2] >> 16) : (w[j / 2] & 0xffffu);
+          const uint32_t b = (j & 1) ? (w[j / 2] >> 16) : (w[j / 2] & 0xffffu);
+          if (miss && (b & 0x7fffu) - kSigLo >= kSigN) {
             z[j] = score::sigmoid_f32(bits16_to_f32<__nv_bfloat16>(b));
           }
         }
@@ -918,7 +938,7 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
 
     // Step 3, grouped: group scores, then the top g_k groups; lanes of other groups drop out.
     if (grouped) {
-      const int kp = a.K / a.gk;
+      const int kp = kV2 ? kp_pre : a.K / a.gk;
       float acc = 0.0f;
       if (gw == 1) {
 #pragma unroll
@@ -959,11 +979,26 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         // score's) is never picked, as in the rounds.
         const uint32_t kg = mygroup < a.G ? ord_key_nz(acc) : 0u;
         int rank = 0;
-        for (int i = 0; i < nrank; ++i) {
-          const int o = (lane & (gw - 1)) + i * gw;
-          const uint32_t ko = __shfl_sync(0xffffffffu, kg, (o < a.G ? o : 0) * gw);
-          const bool ahead = o < a.G && (ko > kg || (ko == kg && o < mygroup));
-          rank += __popc(__ballot_sync(0xffffffffu, ahead) & gmask);
+        if (nrank <= 2) {
+          // The loop below unrolled (nrank <= 2, e.g. 8 groups of 4 lanes): both iterations
+          // always, a group o >= G (e.g. i >= nrank) replaced by the lane's own group, which is
+          // never ahead of itself (so it counts nothing, as o < G did). This saves the loop
+          // control of a runtime trip count; `|` and `&` (no short circuit) give the same bool.
+          int o = lane & (gw - 1);
+#pragma unroll
+          for (int i = 0; i < 2; ++i, o += gw) {
+            const bool exists = o < a.G;
+            const uint32_t ko = __shfl_sync(0xffffffffu, kg, (exists ? o : mygroup) * gw);
+            const bool ahead = (ko > kg) | ((ko == kg) & exists & (o < mygroup));
+            rank += __popc(__ballot_sync(0xffffffffu, ahead) & gmask);
+          }
+        } else {
+          for (int i = 0; i < nrank; ++i) {
+            const int o = (lane & (gw - 1)) + i * gw;
+            const uint32_t ko = __shfl_sync(0xffffffffu, kg, (o < a.G ? o : 0) * gw);
+            const bool ahead = o < a.G && (ko > kg || (ko == kg && o < mygroup));
+            rank += __popc(__ballot_sync(0xffffffffu, ahead) & gmask);
+          }
         }
         in_group = kg != 0u && rank < a.gk;
       } else {
@@ -1001,21 +1036,22 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       thr = 0u;
       c = 0;
       const uint32_t ltmask = mybit - 1u;
+      // Always 8 rounds, without a branch (a branch around each round made ptxas re-check the
+      // warp's convergence before every REDUX): a round r >= K finds no winner (r < a.K is part of
+      // the win test), so it changes nothing; its REDUX and ballot are pure.
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
-        if (r < a.K) {
-          const uint32_t h = sk[0];
-          const uint32_t m = __reduce_max_sync(0xffffffffu, h);
-          const bool eq = h == m && h != 0u;
-          const uint32_t b = __ballot_sync(0xffffffffu, eq);
-          if (eq && (b & ltmask) == 0u) {  // the lowest lane holding the maximum
-            thr = h;
-            ++c;
+        const uint32_t h = sk[0];
+        const uint32_t m = __reduce_max_sync(0xffffffffu, h);
+        const bool eq = h == m && h != 0u;
+        const uint32_t b = __ballot_sync(0xffffffffu, eq);
+        // The lowest lane holding the maximum, in a round r < K.
+        const bool win = eq && (b & ltmask) == 0u && r < a.K;
+        thr = win ? h : thr;
+        c += win ? 1 : 0;
 #pragma unroll
-            for (int j = 0; j < 7; ++j) sk[j] = sk[j + 1];
-            sk[7] = 0u;
-          }
-        }
+        for (int j = 0; j < 7; ++j) sk[j] = win ? sk[j + 1] : sk[j];
+        sk[7] = win ? 0u : sk[7];
       }
     } else if constexpr (LANES == 1) {
       first = sk[0];
