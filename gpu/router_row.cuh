@@ -1345,8 +1345,9 @@ int prefetch_level();
 bool use_l2_prefetch();
 // MOE_ROUTER_FWD8 (0 or 1; default 1): 1 = fwd8_kernel's variant 2 (kV2, see there) where it
 // applies, 0 = variant 1 everywhere, for A/B comparisons; any other value throws
-// std::invalid_argument. H100, DeepSeek-V3 forward (T = 65536, E = 256, K = 8, bf16): variant 1
-// 99.0-99.6 us (50.6-50.8% of copy), variant 2 74.4-75.0 us (67.2-67.7%), same run.
+// std::invalid_argument. H100, DeepSeek-V3 forward (T = 65536, E = 256, K = 8, bf16), same run:
+// variant 1 99.6 us (50.6% of copy), variant 2 65.2 us (77.2-77.4%; 74.9 us before its per-row
+// instruction cut, docs/perf.md).
 int fwd8_variant();
 
 template <class... KArgs>
