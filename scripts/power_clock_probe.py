@@ -32,8 +32,27 @@ def sampler():
         stdout=subprocess.PIPE, text=True)
 
 
+def stop_sampler(smi):
+    """Stops nvidia-smi; returns the median SM clock and power over the middle half of its
+    samples and their count (nan, nan, 0 without samples)."""
+    smi.terminate()
+    out, _ = smi.communicate()
+    rows = []
+    for line in out.strip().splitlines():
+        try:
+            c, p = (float(v) for v in line.split(","))
+            rows.append((c, p))
+        except ValueError:  # "N/A" or a partial line
+            pass
+    mid = rows[len(rows) // 4: max(len(rows) // 4 + 1, 3 * len(rows) // 4)]
+    if not mid:
+        return float("nan"), float("nan"), 0
+    return statistics.median(r[0] for r in mid), statistics.median(r[1] for r in mid), len(mid)
+
+
 def run(name, seconds, step, counters):
-    """Calls step() until `seconds` pass; returns (calls, elapsed, [(clock, power)])."""
+    """Calls step() until `seconds` pass and prints its rates, clock and power; returns the time
+    of one call."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -48,21 +67,10 @@ def run(name, seconds, step, counters):
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    smi.terminate()
-    out, _ = smi.communicate()
-    rows = []
-    for line in out.strip().splitlines():
-        try:
-            c, p = (float(v) for v in line.split(","))
-            rows.append((c, p))
-        except ValueError:
-            pass
-    mid = rows[len(rows) // 4: max(len(rows) // 4 + 1, 3 * len(rows) // 4)]
-    clock = statistics.median(r[0] for r in mid) if mid else float("nan")
-    power = statistics.median(r[1] for r in mid) if mid else float("nan")
+    clock, power, samples = stop_sampler(smi)
     rates = ", ".join(f"{k} {v * n / dt / u:.0f} {unit}" for k, (v, u, unit) in counters.items())
     print(f"{name:8s} {n:5d} calls in {dt:5.2f} s: {rates}; SM clock {clock:.0f} MHz, "
-          f"power {power:.0f} W (median of {len(mid)} samples)", flush=True)
+          f"power {power:.0f} W (median of {samples} samples)", flush=True)
     return dt / n
 
 
@@ -113,16 +121,11 @@ def main():
             dst.copy_(src)
         ev[3].record()
     torch.cuda.synchronize()
-    smi.terminate()
-    out, _ = smi.communicate()
-    rows = [tuple(float(v) for v in line.split(",")) for line in out.strip().splitlines()
-            if line.count(",") == 1 and "N/A" not in line]
-    mid = rows[len(rows) // 4: max(len(rows) // 4 + 1, 3 * len(rows) // 4)]
+    clock, power, samples = stop_sampler(smi)
     d_ms, c_ms = ev[0].elapsed_time(ev[1]), ev[2].elapsed_time(ev[3])
     print(f"both     dense {n1} calls in {d_ms / 1e3:.2f} s: {flops * n1 / d_ms / 1e9:.0f} "
           f"TFLOP/s; copy {n2} calls in {c_ms / 1e3:.2f} s: {cbytes * n2 / c_ms / 1e6:.0f} GB/s; "
-          f"SM clock {statistics.median(r[0] for r in mid):.0f} MHz, power "
-          f"{statistics.median(r[1] for r in mid):.0f} W (median of {len(mid)} samples)")
+          f"SM clock {clock:.0f} MHz, power {power:.0f} W (median of {samples} samples)")
     return 0
 
 
