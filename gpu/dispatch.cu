@@ -3,8 +3,11 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
+#include "gpu/bulk_copy.cuh"
 #include "gpu/dispatch.cuh"
 #include "gpu/perm_detail.cuh"
 
@@ -191,14 +194,13 @@ __device__ __forceinline__ long long slot_count(const int32_t* rid, long long E,
   return n;
 }
 
-// Decodes and checks slot k as the reference does (expert, then u, then the physical row).
-// wts: [T,E] weights of run-time dtype wcode, or null for weight 1.
-__device__ __forceinline__ Slot decode_slot(const int32_t* rid, long long E, long long t,
-                                            long long k, const int32_t* pad, long long rows,
-                                            const void* wts, int wcode, void* err) {
+// Checks slot k of the token whose map row starts at `base`, from its loaded entries u, e, the pad
+// offset p of e and its weight w (loaded only for a valid e), as the reference does: expert, then
+// u, then the physical row.
+__device__ __forceinline__ Slot check_slot(long long base, long long E, long long k, long long u,
+                                           long long e, long long p, float w, long long rows,
+                                           void* err) {
   Slot s{-1, 1.0f, -1};
-  const long long base = t * (2 * E + 1);
-  const long long u = rid[base + k], e = rid[base + E + k];
   if (e < 0 || e >= E) {
     fault(err, PermFault::row_id_map_entry, base + E + k, e);
     return s;
@@ -207,15 +209,28 @@ __device__ __forceinline__ Slot decode_slot(const int32_t* rid, long long E, lon
     fault(err, PermFault::row_id_map_entry, base + k, u);
     return s;
   }
-  const long long row = u + (pad ? pad[e] : 0);
+  const long long row = u + p;
   if (row < 0 || row >= rows) {
     fault(err, PermFault::source_row, row, rows);
     return s;
   }
   s.row = row;
   s.e = static_cast<int>(e);
-  if (wts) s.w = load_f(wts, wcode, t * E + e);
+  s.w = w;
   return s;
+}
+
+// Decodes and checks slot k of token t. wts: [T,E] weights of run-time dtype wcode, or null for
+// weight 1.
+__device__ __forceinline__ Slot decode_slot(const int32_t* rid, long long E, long long t,
+                                            long long k, const int32_t* pad, long long rows,
+                                            const void* wts, int wcode, void* err) {
+  const long long base = t * (2 * E + 1);
+  const long long u = rid[base + k], e = rid[base + E + k];
+  const bool ok = e >= 0 && e < E;
+  const long long p = ok && pad ? pad[e] : 0;
+  const float w = ok && wts ? load_f(wts, wcode, t * E + e) : 1.0f;
+  return check_slot(base, E, k, u, e, p, w, rows, err);
 }
 
 // Every row of `permuted` in one pass, in grid-strided work items:
@@ -417,6 +432,199 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
+// The same sums (fp32, slot order, one rounding) with the rows brought in by bulk copies, for
+// rows of 16-byte vectors (sm_90). gather_sum_kernel is latency-bound there: each thread has one
+// slot's row vectors in flight and then waits for them, and at 115 registers two CTAs fit an SM,
+// so an SM has at most 28 KB of loads in flight and often none (H100, DeepSeek-V3 combine: 89% of
+// copy bandwidth). Here one producer warp decodes slots and issues cp.async.bulk copies of row
+// chunks into a ring of kBulkStages shared-memory stages (kBulkGroup slots x up to kBulkChunk
+// bytes each) ahead of 256 consumer threads, so up to 4 x 32 KB are in flight an SM.
+// A work item is (token t, column chunk c, slot group g): slots g * kBulkGroup ... of t, chunk c
+// of their rows. Consumer thread j owns 16-byte vector j of the chunk: its accumulators start at 0
+// on the first group of (t, c), add f32(row_k[j]) * w_k in slot order, and are rounded and stored
+// after the last group, the operations and order of gather_sum_kernel. The producer decodes a
+// token's slots (up to 32, one a lane) once, in steps spread over the two tokens before it so no
+// load latency is exposed; every slot is checked once, and rows of faulting slots are skipped.
+constexpr int kBulkConsumers = 256;              // one 16-byte vector of a chunk each
+constexpr int kBulkChunk = kBulkConsumers * 16;  // bytes of a row per work item, at most
+constexpr int kBulkGroup = 8;                    // slots per work item
+constexpr int kBulkStages = 4;
+constexpr int kBulkThreads = kBulkConsumers + 32;  // + the producer warp
+constexpr int kBulkStageBytes = kBulkGroup * kBulkChunk;
+
+// A work item's description, written into its stage by producer lane 0 before its arrive on the
+// stage's full barrier (the rows' copies complete on the same barrier).
+struct BulkItem {
+  long long t;      // token (-1: no more items)
+  int c;            // column chunk
+  int valid;        // bit k: slot k of the group has a row (its copy lands in row k of the stage)
+  int first, last;  // first / last slot group of (t, c)
+  float w[kBulkGroup];
+};
+
+constexpr int kBulkSmem = kBulkStages * kBulkStageBytes + kBulkStages * sizeof(BulkItem) +
+                          2 * kBulkStages * sizeof(uint64_t);
+
+template <class T, int N>
+__global__ void __launch_bounds__(kBulkThreads, 1)
+    gather_sum_bulk_kernel(const T* src, long long src_rows, const int32_t* rid, const int32_t* pad,
+                           const void* wts, int wcode, T* out, long long Tn, long long E,
+                           long long H, int chunks, int chunk_bytes, void* err) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* data = smem;
+  auto* items = reinterpret_cast<BulkItem*>(smem + kBulkStages * kBulkStageBytes);
+  auto* full = reinterpret_cast<uint64_t*>(items + kBulkStages);
+  uint64_t* empty = full + kBulkStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kBulkStages; ++s) {
+      bulk::mbar_init(&full[s], 1);
+      // Every consumer thread arrives once it has read the stage, so that each thread's reads are
+      // ordered before the producer's next copies into it (compute-sanitizer's racecheck follows
+      // this; with one arrive a warp after __syncwarp() it reported the reuse as a race).
+      bulk::mbar_init(&empty[s], kBulkConsumers);
+    }
+    bulk::mbar_init_fence();
+  }
+  __syncthreads();
+  const long long row_bytes = H * static_cast<long long>(sizeof(T));
+  if (threadIdx.x >= kBulkConsumers) {  // producer warp
+    const int lane = threadIdx.x & 31;
+    const uint64_t pol = bulk::evict_first_policy();  // each row is read once
+    const long long W = 2 * E + 1, G = gridDim.x;
+    int it = 0;
+    auto next_stage = [&] {  // waits until the consumers are done with item it - kBulkStages
+      const int s = it % kBulkStages;
+      bulk::mbar_wait(&empty[s], ((it / kBulkStages) & 1) ^ 1);
+      ++it;
+      return s;
+    };
+    // Slot `lane` of a token, decoded in three steps a token apart so that no step waits for a
+    // load issued just before it: (1) the count and the map entries u, e; (2) what needs e (pad
+    // offset, weight); (3) the checks (check_slot). Tokens of more than 32 slots decode each
+    // slot where it is used instead.
+    struct Pending {
+      long long n = 0, u = -1, e = -1, p = 0;
+      float w = 1.0f;
+    };
+    auto step1 = [&](long long t, Pending& q) {
+      q.n = rid[t * W + 2 * E];
+      if (lane < E) {
+        q.u = rid[t * W + lane];
+        q.e = rid[t * W + E + lane];
+      }
+    };
+    auto step2 = [&](long long t, Pending& q) {
+      if (q.e >= 0 && q.e < E) {
+        if (pad) q.p = pad[q.e];
+        if (wts) q.w = load_f(wts, wcode, t * E + q.e);
+      }
+    };
+    Pending q0, q1;  // tokens t (steps 1, 2 done) and t + G (step 1 done)
+    long long t = blockIdx.x;
+    if (t < Tn) {
+      step1(t, q0);
+      step2(t, q0);
+    }
+    if (t + G < Tn) step1(t + G, q1);
+    for (; t < Tn; t += G) {
+      Pending q2;
+      if (t + 2 * G < Tn) step1(t + 2 * G, q2);
+      long long n = q0.n;
+      if (n < 0 || n > E) {  // slot_count's check
+        if (lane == 0) fault(err, PermFault::row_id_map_entry, t * W + 2 * E, n);
+        n = 0;
+      }
+      const bool cached = n <= 32;
+      Slot mine{-1, 1.0f, -1};
+      if (cached && lane < n)
+        mine = check_slot(t * W, E, lane, q0.u, q0.e, q0.p, q0.w, src_rows, err);
+      if (t + G < Tn) step2(t + G, q1);
+      const long long groups = n > 0 ? (n + kBulkGroup - 1) / kBulkGroup : 1;
+      for (int c = 0; c < chunks; ++c) {
+        const long long off = static_cast<long long>(c) * chunk_bytes;
+        const uint32_t bytes =
+            static_cast<uint32_t>(min(static_cast<long long>(chunk_bytes), row_bytes - off));
+        for (long long g = 0; g < groups; ++g) {
+          const int s = next_stage();
+          const long long k = g * kBulkGroup + lane;
+          Slot sl{-1, 1.0f, -1};
+          if (cached) {  // slot k from lane k (every lane takes part in the shuffles)
+            const int from = static_cast<int>(g * kBulkGroup) + (lane & (kBulkGroup - 1));
+            sl.row = __shfl_sync(kFull, mine.row, from);
+            sl.w = __shfl_sync(kFull, mine.w, from);
+            if (lane >= kBulkGroup) sl.row = -1;
+          } else if (lane < kBulkGroup && k < n) {
+            sl = decode_slot(rid, E, t, k, pad, src_rows, wts, wcode, c == 0 ? err : nullptr);
+          }
+          const unsigned valid = __ballot_sync(kFull, sl.row >= 0);
+          float w[kBulkGroup];
+#pragma unroll
+          for (int q = 0; q < kBulkGroup; ++q) w[q] = __shfl_sync(kFull, sl.w, q);
+          if (lane == 0) {  // one thread writes the item and releases it with its arrive
+            BulkItem& item = items[s];
+            item.t = t;
+            item.c = c;
+            item.valid = static_cast<int>(valid);
+            item.first = g == 0;
+            item.last = g + 1 == groups;
+#pragma unroll
+            for (int q = 0; q < kBulkGroup; ++q) item.w[q] = w[q];
+          }
+          if (lane == 0) bulk::mbar_arrive_expect_tx(&full[s], __popc(valid) * bytes);
+          __syncwarp();  // the copies complete on a barrier that expects them
+          if (sl.row >= 0)
+            bulk::copy_g2s(data + s * kBulkStageBytes + lane * kBulkChunk,
+                           reinterpret_cast<const uint8_t*>(src) + sl.row * row_bytes + off, bytes,
+                           &full[s], pol);
+        }
+      }
+      q0 = q1;
+      q1 = q2;
+    }
+    const int s = next_stage();
+    if (lane == 0) {
+      items[s].t = -1;
+      bulk::mbar_arrive(&full[s]);
+    }
+    return;
+  }
+  using VT = Vec<T, N>;
+  const int j = threadIdx.x;
+  float acc[N];
+  for (int it = 0;; ++it) {
+    const int s = it % kBulkStages;
+    bulk::mbar_wait(&full[s], (it / kBulkStages) & 1);
+    const BulkItem& item = items[s];
+    const long long t = item.t;
+    if (t < 0) break;
+    const long long off = static_cast<long long>(item.c) * chunk_bytes;
+    const bool mine =
+        16 * static_cast<long long>(j) < min(static_cast<long long>(chunk_bytes), row_bytes - off);
+    if (item.first) {
+#pragma unroll
+      for (int q = 0; q < N; ++q) acc[q] = 0.0f;
+    }
+    if (mine) {
+      const uint8_t* stage = data + s * kBulkStageBytes + 16 * j;
+#pragma unroll
+      for (int k = 0; k < kBulkGroup; ++k) {
+        if (!((item.valid >> k) & 1)) continue;
+        const VT v = *reinterpret_cast<const VT*>(stage + k * kBulkChunk);
+        const float w = item.w[k];
+#pragma unroll
+        for (int q = 0; q < N; ++q) acc[q] += to_f32(v.v[q]) * w;
+      }
+      if (item.last) {
+        VT o;
+#pragma unroll
+        for (int q = 0; q < N; ++q) o.v[q] = from_f32<T>(acc[q]);
+        *reinterpret_cast<VT*>(reinterpret_cast<uint8_t*>(out + t * H) + off + 16 * j) = o;
+      }
+    }
+    bulk::mbar_arrive(&empty[s]);  // this thread's reads of the stage are done
+  }
+}
+
 // grad_probs[t,:] = 0, then grad_probs[t,e_k] = ct_pprobs[row_k] (bitwise, same dtype), so that
 // a repeated expert ends as the reference's last write (slot order). One warp per token, one slot
 // a lane: chunks of 32 slots in order, and within a chunk only the last of the slots naming one
@@ -582,10 +790,40 @@ template <class T, int N>
 void launch_gather_sum(const T* src, long long src_rows, const int32_t* rid, const int32_t* pad,
                        const void* wts, int wcode, T* out, long long Tn, long long E, long long H,
                        void* err, Stream s) {
-  const unsigned grid = token_grid(Tn);
-  gather_sum_kernel<T, N, 4, 1, 1>
-      <<<grid, kThreads, 0, s>>>(src, src_rows, rid, pad, wts, wcode, out, Tn, E, H, err);
-  check_launch("gather_sum_kernel");
+  if constexpr (N * sizeof(T) == 16) {
+    // Benchmark knob: MOE_GATHER_SUM=lsu runs gather_sum_kernel on these rows (same-run A/B).
+    static const bool force_lsu = [] {
+      const char* e = std::getenv("MOE_GATHER_SUM");
+      return e && std::string(e) == "lsu";
+    }();
+    if (force_lsu) {
+      gather_sum_kernel<T, N, 4, 1, 1><<<token_grid(Tn), kThreads, 0, s>>>(
+          src, src_rows, rid, pad, wts, wcode, out, Tn, E, H, err);
+      check_launch("gather_sum_kernel");
+      return;
+    }
+    // Rows of 16-byte vectors: the bulk-copy kernel, one CTA an SM (its ring takes 129 KB of
+    // shared memory). Chunks of at most kBulkChunk bytes, as equal as 16-byte multiples allow.
+    static const bool attr_set = [] {
+      MOE_CUDA_CHECK(cudaFuncSetAttribute(gather_sum_bulk_kernel<T, N>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem));
+      return true;
+    }();
+    (void)attr_set;
+    const long long row_bytes = H * static_cast<long long>(sizeof(T));
+    const long long chunks = ceil_div(row_bytes, kBulkChunk);
+    const long long chunk_bytes = ceil_div(ceil_div(row_bytes, chunks), 16) * 16;
+    const unsigned grid = static_cast<unsigned>(std::min<long long>(Tn, num_sms()));
+    gather_sum_bulk_kernel<T, N><<<grid, kBulkThreads, kBulkSmem, s>>>(
+        src, src_rows, rid, pad, wts, wcode, out, Tn, E, H, static_cast<int>(chunks),
+        static_cast<int>(chunk_bytes), err);
+    check_launch("gather_sum_bulk_kernel");
+  } else {
+    const unsigned grid = token_grid(Tn);
+    gather_sum_kernel<T, N, 4, 1, 1>
+        <<<grid, kThreads, 0, s>>>(src, src_rows, rid, pad, wts, wcode, out, Tn, E, H, err);
+    check_launch("gather_sum_kernel");
+  }
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // at P in {1,2,4,8} against the reference (outputs poisoned before each launch by the binding; two
 // runs bitwise equal), larger shapes for determinism, the SPEC
 // regression cases R1, R3 (receive buffer), R4, R6, R7, R8, R11, R12, R14 on the device, a
-// dispatch backward whose map repeats an expert in a token (last slot wins), one test
+// dispatch backward whose map repeats an expert in a token (last slot wins), the combine
+// forward's slot groups and column chunks summed in slot order (bitwise), one test
 // per data-dependent error and a tensor over 2^31 elements (int64 indexing). The benchmark is
 // `moe-harness bench --op token_dispatch --op token_combine --op sort_chunks_by_index` (full-size
 // inputs generated on the device, verified first).
@@ -17,6 +18,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/argsort.cuh"
@@ -489,6 +491,60 @@ TEST(DispatchGpuRegression, DispatchBackwardRepeatedExpertLastSlotWins) {
   for (int64_t t = 0; t < T; ++t) {
     EXPECT_TRUE(rows_bitwise_equal(ga, t, *want.grad_probs, t)) << "token " << t;
     EXPECT_TRUE(rows_bitwise_equal(ga, t, gb, t)) << "token " << t;
+  }
+}
+
+// The bulk-copy gather-sum (rows of 16-byte vectors): tokens of 0 to 19 slots (slot groups of 8:
+// none, one partial, one full, two and three groups), rows of two unequal column chunks (4112 and
+// 4120 bytes: chunks of 2064 + 2048 and 2064 + 2056 bytes), more tokens than the grid has CTAs on
+// small GPUs. Each output must be bitwise the fp32 sum the kernel specifies: acc = 0, then
+// acc = fp32(acc + fp32(f32(row_k) * w_k)) in slot order, rounded once (emulated in double, exact
+// for these products and sums), and two runs must agree.
+TEST(DispatchGpuRegression, CombineForwardSlotGroupsAndChunksSumInSlotOrder) {
+  REQUIRE_GPU();
+  for (const auto& [d, H] : std::vector<std::pair<DType, int64_t>>{
+           {DType::bf16, 2056}, {DType::f16, 2056}, {DType::f32, 1030}}) {
+    const int64_t T = 400, E = 40, R = 997, W = 2 * E + 1;
+    Tensor rim(DType::i32, {T, W});
+    for (int64_t i = 0; i < T * W; ++i) rim.set(i, -1.0);
+    Tensor mp(DType::f32, {T, E});
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = t % 20;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t e = (t * 7 + 3 * k) % E;  // 3 is prime to 40: n <= 19 distinct experts
+        rim.set(t, k, static_cast<double>((t * 20 + 37 * k) % R));
+        rim.set(t, E + k, static_cast<double>(e));
+      }
+      rim.set(t, 2 * E, static_cast<double>(n));
+      for (int64_t e = 0; e < E; ++e)
+        mp.set(t, e, std::ldexp(static_cast<double>((t * 31 + e * 17) % 255 + 1), -7));
+    }
+    Tensor perm(d, {R, H});
+    for (int64_t i = 0; i < R * H; ++i)
+      perm.set(i, std::ldexp(static_cast<double>((i * 2654435761LL) % 2001 - 1000), -9));
+    const DeviceTensor d_perm = DeviceTensor::upload(perm), d_rim = DeviceTensor::upload(rim);
+    const DeviceTensor d_mp = DeviceTensor::upload(mp);
+    const Tensor a = moe::gpu::token_combine_fwd(d_perm, d_rim, &d_mp, nullptr).download();
+    const Tensor b = moe::gpu::token_combine_fwd(d_perm, d_rim, &d_mp, nullptr).download();
+    Tensor want(d, {T, H});
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = t % 20;
+      for (int64_t h = 0; h < H; ++h) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < n; ++k) {
+          const int64_t row = static_cast<int64_t>(rim.at(t, k));
+          const double w = mp.at(t, static_cast<int64_t>(rim.at(t, E + k)));
+          const auto p = static_cast<float>(perm.at(row, h) * w);
+          acc = static_cast<float>(static_cast<double>(acc) + static_cast<double>(p));
+        }
+        want.set(t, h, acc);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      EXPECT_TRUE(rows_bitwise_equal(a, t, want, t))
+          << moe::dtype_name(d) << " token " << t << " (" << t % 20 << " slots)";
+      EXPECT_TRUE(rows_bitwise_equal(a, t, b, t)) << moe::dtype_name(d) << " token " << t;
+    }
   }
 }
 
