@@ -286,6 +286,11 @@ M = [
      "const unsigned above = (1u << lane) - 1u;",
      "dispatch backward grad_probs: of the slots of a chunk that name one expert, the first "
      "writes instead of the last (only a map that repeats an expert in a token)"),
+    ("063", "gather_sum_bulk_in_dtype", "accumulator-dtype", "gpu/dispatch.cu", 1,
+     "for (int q = 0; q < N; ++q) acc[q] += to_f32(v.v[q]) * w;",
+     "for (int q = 0; q < N; ++q) acc[q] = to_f32(from_f32<T>(acc[q] + to_f32(v.v[q]) * w));",
+     "combine forward / dispatch backward, bulk-copy kernel (rows of 16-byte vectors): the "
+     "per-token sum over slots rounded to the dtype after every slot"),
 ]
 
 
