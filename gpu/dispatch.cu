@@ -803,7 +803,8 @@ void launch_gather_sum(const T* src, long long src_rows, const int32_t* rid, con
       return;
     }
     // Rows of 16-byte vectors: the bulk-copy kernel, one CTA an SM (its ring takes 129 KB of
-    // shared memory). Chunks of at most kBulkChunk bytes, as equal as 16-byte multiples allow.
+    // shared memory; the attribute is set once a process, on the device num_sms() describes).
+    // Chunks of at most kBulkChunk bytes, as equal as 16-byte multiples allow.
     static const bool attr_set = [] {
       MOE_CUDA_CHECK(cudaFuncSetAttribute(gather_sum_bulk_kernel<T, N>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem));
