@@ -494,8 +494,9 @@ TEST(DispatchGpuRegression, DispatchBackwardRepeatedExpertLastSlotWins) {
   }
 }
 
-// The bulk-copy gather-sum (rows of 16-byte vectors): tokens of 0 to 19 slots (slot groups of 8:
-// none, one partial, one full, two and three groups), rows of two unequal column chunks (4112 and
+// The bulk-copy gather-sum (rows of 16-byte vectors): tokens of 0 to 40 slots (slot groups of 8:
+// none, partial, full, up to five groups; over 32 slots the producer decodes each slot where it
+// is used instead of once a token), rows of two unequal column chunks (4112 and
 // 4120 bytes: chunks of 2064 + 2048 and 2064 + 2056 bytes), more tokens than the grid has CTAs on
 // small GPUs. Each output must be bitwise the fp32 sum the kernel specifies: acc = 0, then
 // acc = fp32(acc + fp32(f32(row_k) * w_k)) in slot order, rounded once (emulated in double, exact
@@ -504,14 +505,14 @@ TEST(DispatchGpuRegression, CombineForwardSlotGroupsAndChunksSumInSlotOrder) {
   REQUIRE_GPU();
   for (const auto& [d, H] : std::vector<std::pair<DType, int64_t>>{
            {DType::bf16, 2056}, {DType::f16, 2056}, {DType::f32, 1030}}) {
-    const int64_t T = 400, E = 40, R = 997, W = 2 * E + 1;
+    const int64_t T = 400, E = 64, R = 997, W = 2 * E + 1;
     Tensor rim(DType::i32, {T, W});
     for (int64_t i = 0; i < T * W; ++i) rim.set(i, -1.0);
     Tensor mp(DType::f32, {T, E});
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t n = t % 20;
+      const int64_t n = t % 41;
       for (int64_t k = 0; k < n; ++k) {
-        const int64_t e = (t * 7 + 3 * k) % E;  // 3 is prime to 40: n <= 19 distinct experts
+        const int64_t e = (t * 7 + 3 * k) % E;  // 3 is prime to 64: n <= 40 distinct experts
         rim.set(t, k, static_cast<double>((t * 20 + 37 * k) % R));
         rim.set(t, E + k, static_cast<double>(e));
       }
@@ -528,7 +529,7 @@ TEST(DispatchGpuRegression, CombineForwardSlotGroupsAndChunksSumInSlotOrder) {
     const Tensor b = moe::gpu::token_combine_fwd(d_perm, d_rim, &d_mp, nullptr).download();
     Tensor want(d, {T, H});
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t n = t % 20;
+      const int64_t n = t % 41;
       for (int64_t h = 0; h < H; ++h) {
         float acc = 0.0f;
         for (int64_t k = 0; k < n; ++k) {
@@ -542,7 +543,7 @@ TEST(DispatchGpuRegression, CombineForwardSlotGroupsAndChunksSumInSlotOrder) {
     }
     for (int64_t t = 0; t < T; ++t) {
       EXPECT_TRUE(rows_bitwise_equal(a, t, want, t))
-          << moe::dtype_name(d) << " token " << t << " (" << t % 20 << " slots)";
+          << moe::dtype_name(d) << " token " << t << " (" << t % 41 << " slots)";
       EXPECT_TRUE(rows_bitwise_equal(a, t, b, t)) << moe::dtype_name(d) << " token " << t;
     }
   }
