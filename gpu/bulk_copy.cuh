@@ -1,7 +1,8 @@
 // sm_90 bulk copies and mbarriers for one CTA (PTX ISA "cp.async.bulk", "mbarrier"): a producer
 // issues global -> shared copies that complete on a barrier, consumers wait for the barrier's
-// phase. CUDA-only header (include from .cu files). The grouped GEMM's TMA pipeline
-// (gpu/grouped_gemm_sm90.cu) keeps its own cluster-scope versions.
+// phase. CUDA-only header (include from .cu files). gpu/grouped_gemm_sm90.cu still has its own
+// copies of mbar_init, the expect_tx arrive and mbar_wait (the same PTX) beside its cluster-scope
+// arrive and TMA loads; moving it onto these wants a GPU run of the sm90 tests.
 #pragma once
 
 #include <cuda_runtime.h>
