@@ -1,0 +1,251 @@
+// The joint yardstick's kernel (gpu/joint_probe.cuh). Compiled for sm_90a only, like
+// gpu/grouped_gemm_sm90.cu (CMakeLists.txt: moe_gpu_sm90).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu/bulk_copy.cuh"
+#include "gpu/device_util.cuh"
+#include "gpu/grouped_gemm.cuh"
+#include "gpu/joint_probe.cuh"
+#include "gpu/wgmma.cuh"
+
+namespace moe::gpu::sm90 {
+
+namespace {
+
+constexpr int kStages = 4, kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
+constexpr int kRowBytes = 128 * 64 * 2;     // the resident row tile, 128 x 64 bf16
+constexpr int kPiece = 4096;                // bytes per bulk copy
+constexpr int64_t kMaxExtraPerStage = 16 * 1024;
+
+struct JParams {
+  const uint8_t* tiles;  // stages x kJointStageBytes
+  const uint8_t* extra;  // extra bytes
+  const uint8_t* rows;   // kRowBytes
+  uint32_t* out;         // stores x kJointStoreBytes
+  int64_t stages, extra16, stores;
+  int extra_slot;  // shared-memory bytes per stage for the extra reads (multiple of 1024)
+  int mode;        // JointMode
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MOE_JOINT_KERNEL 1
+#endif
+
+#ifdef MOE_JOINT_KERNEL
+using namespace moe::gpu::bulk;
+using namespace moe::gpu::wgmma;
+
+// Two passes of the stage's tile against this warpgroup's 64 rows (d += A B twice: the FLOPs of
+// 256 rows per streamed byte; the sum is what the test checks).
+__device__ __forceinline__ void two_passes(float (&acc)[128], uint32_t sa, uint32_t sb) {
+  wgmma_fence();
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n256k16<__nv_bfloat16, 0>(acc, make_desc(sa + kk * 32, 16, 1024),
+                                         make_desc(sb + kk * 32, 16, 1024));
+  }
+  wgmma_commit();
+}
+
+// Store u: this warpgroup's 64 x 256 fragment as bf16, pair i of thread t at word
+// (u * 2 + cw) * 8192 + i * 128 + t: every warp's store is 128 contiguous bytes.
+__device__ __forceinline__ void store_fragment(uint32_t* out, int64_t u, int cw,
+                                               const float (&acc)[128]) {
+  const int t = threadIdx.x % 128;
+  uint32_t* o = out + (u * 2 + cw) * 8192 + t;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    o[i * 128] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
+#ifdef MOE_JOINT_KERNEL
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  const int slot_bytes = static_cast<int>(kJointStageBytes) + p.extra_slot;
+  uint8_t* rows = smem + kStages * slot_bytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(rows + kRowBytes);
+  uint64_t* empty = full + kStages;
+  uint64_t* rows_ready = empty + kStages;
+  const int64_t first = joint_first_stage(p.stages, blockIdx.x, gridDim.x);
+  const int64_t last = joint_first_stage(p.stages, blockIdx.x + 1, gridDim.x);
+  const JointMode mode = static_cast<JointMode>(p.mode);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 256);  // every consumer thread arrives
+    }
+    mbar_init(rows_ready, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x != 0) return;
+    const uint64_t pol = evict_first_policy();
+    mbar_arrive_expect_tx(rows_ready, kRowBytes);
+    for (int c = 0; c < kRowBytes; c += kPiece)
+      copy_g2s(rows + c, p.rows + c, kPiece, rows_ready, pol);
+    // mode mma: one tile into slot 0, multiplied by every stage.
+    const int64_t loads =
+        mode == JointMode::mma ? std::min<int64_t>(1, last - first) : last - first;
+    for (int64_t i = 0; i < loads; ++i) {
+      const int64_t s = first + i;
+      const int slot = static_cast<int>(i % kStages);
+      mbar_wait(&empty[slot], static_cast<uint32_t>((i / kStages) & 1) ^ 1);
+      uint8_t* dst = smem + slot * slot_bytes;
+      int64_t eoff = 0, elen = 0;
+      if (mode != JointMode::mma) joint_extra_range(p.stages, p.extra16, s, eoff, elen);
+      mbar_arrive_expect_tx(&full[slot], static_cast<uint32_t>(kJointStageBytes + elen));
+      const uint8_t* src = p.tiles + s * kJointStageBytes;
+      for (int c = 0; c < kJointStageBytes; c += kPiece)
+        copy_g2s(dst + c, src + c, kPiece, &full[slot], pol);
+      for (int64_t c = 0; c < elen; c += kPiece)
+        copy_g2s(dst + kJointStageBytes + c, p.extra + eoff + c,
+                 static_cast<uint32_t>(std::min<int64_t>(kPiece, elen - c)), &full[slot], pol);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int cw = wg - 1;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  mbar_wait(rows_ready, 0);
+  const uint32_t sa = smem_addr(rows) + cw * (64 * 128);
+  if (mode == JointMode::mma) {
+    if (last > first) mbar_wait(&full[0], 0);
+    const uint32_t sb = smem_addr(smem);
+    for (int64_t s = first; s < last; ++s) {
+      two_passes(acc, sa, sb);
+      wgmma_wait<1>();
+      if (const int64_t u = joint_store_at(p.stages, p.stores, s); u >= 0) {
+        wgmma_wait<0>();
+        store_fragment(p.out, u, cw, acc);
+      }
+    }
+    wgmma_wait<0>();
+    return;
+  }
+  int prev = -1;
+  for (int64_t i = 0; i < last - first; ++i) {
+    const int64_t s = first + i;
+    const int slot = static_cast<int>(i % kStages);
+    mbar_wait(&full[slot], static_cast<uint32_t>((i / kStages) & 1));
+    if (mode == JointMode::joint) {
+      two_passes(acc, sa, smem_addr(smem + slot * slot_bytes));
+      wgmma_wait<1>();  // the previous stage's products are done: release its slot
+    }
+    if (prev >= 0) mbar_arrive(&empty[prev]);
+    prev = slot;
+    if (const int64_t u = joint_store_at(p.stages, p.stores, s); u >= 0) {
+      wgmma_wait<0>();
+      store_fragment(p.out, u, cw, acc);
+    }
+  }
+  wgmma_wait<0>();
+  // No arrive for the last slot: the producer has nothing left to load.
+#endif
+}
+
+int device_sms() {
+  int dev = 0, sms = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+int extra_slot_bytes(const JointWork& w) {
+  if (w.stages == 0) return 0;
+  const int64_t per = (w.extra / 16 + w.stages - 1) / w.stages * 16;
+  return static_cast<int>((per + 1023) / 1024 * 1024);
+}
+
+const JointWork& validated(const JointWork& w) {
+  if (w.stages < 0 || w.extra < 0 || w.extra % 16 != 0 || w.stores < 0 || w.stores > w.stages ||
+      (w.stages > 0 && (w.extra / 16 + w.stages - 1) / w.stages * 16 > kMaxExtraPerStage))
+    throw std::invalid_argument("joint probe: bad work (stages " + std::to_string(w.stages) +
+                                ", extra " + std::to_string(w.extra) + ", stores " +
+                                std::to_string(w.stores) +
+                                "; stores <= stages, at most 16 KiB of extra reads a stage)");
+  return w;
+}
+
+}  // namespace
+
+JointWork joint_work_for(double flops, double read_bytes, double write_bytes) {
+  if (!(flops >= 0) || !(read_bytes >= 0) || !(write_bytes >= 0))
+    throw std::invalid_argument("joint_work_for: flops, read_bytes and write_bytes must be >= 0");
+  JointWork w;
+  w.stages = static_cast<int64_t>(std::ceil(flops / kJointStageFlops));
+  const double left = read_bytes - static_cast<double>(w.stages) * kJointStageBytes;
+  w.extra = left > 0 ? static_cast<int64_t>(std::ceil(left / 16)) * 16 : 0;
+  w.stores = static_cast<int64_t>(std::ceil(write_bytes / kJointStoreBytes));
+  return validated(w);
+}
+
+bool joint_probe_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return false;
+    cudaFuncAttributes attr{};
+    return major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, joint_kernel) == cudaSuccess &&
+           attr.binaryVersion == 90;
+  }();
+  return ok;
+}
+
+JointProbe::JointProbe(const JointWork& w)
+    : work_(validated(w)),
+      tiles_(DType::bf16, {w.stages * kJointStageBytes / 2}),
+      extra_(DType::bf16, {w.extra / 2}),
+      rows_(DType::bf16, {kRowBytes / 2}),
+      out_(DType::bf16, {w.stores * kJointStoreBytes / 2}) {
+  if (!joint_probe_available())
+    throw std::runtime_error("JointProbe: needs an sm_90 GPU and the sm_90a build");
+  gemm_detail::fill_hash_uniform(tiles_, 11, -1.0, 1.0);
+  gemm_detail::fill_hash_uniform(extra_, 12, -1.0, 1.0);
+  gemm_detail::fill_hash_uniform(rows_, 13, -1.0, 1.0);
+}
+
+void JointProbe::launch(JointMode mode, Stream s, int ctas) {
+  JParams p{};
+  p.tiles = static_cast<const uint8_t*>(tiles_.data());
+  p.extra = static_cast<const uint8_t*>(extra_.data());
+  p.rows = static_cast<const uint8_t*>(rows_.data());
+  p.out = static_cast<uint32_t*>(out_.data());
+  p.stages = work_.stages;
+  p.extra16 = work_.extra / 16;
+  p.stores = work_.stores;
+  p.extra_slot = extra_slot_bytes(work_);
+  p.mode = static_cast<int>(mode);
+  const int smem = kStages * (static_cast<int>(kJointStageBytes) + p.extra_slot) + kRowBytes +
+                   (2 * kStages + 1) * 8 + 1024;
+  MOE_CUDA_CHECK(
+      cudaFuncSetAttribute(joint_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int grid = ctas > 0 ? ctas : device_sms();
+  joint_kernel<<<grid, kThreads, smem, s>>>(p);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+double JointProbe::median_ms(JointMode mode, int warmup, int reps, Stream s) {
+  return gemm_detail::median_ms([&] { launch(mode, s); }, warmup, reps, s);
+}
+
+}  // namespace moe::gpu::sm90

@@ -1,0 +1,98 @@
+// A joint yardstick for GEMM-like kernels on sm_90 (H100/H200): how fast can ANY kernel do a
+// product's tensor-core work and its DRAM traffic at the same time on this board?
+//
+// Why: bench's roofline (harness/ops/roofline.h) is max(flops / dense cuBLAS rate, bytes / copy
+// bandwidth), each rate measured alone. At the DeepSeek-like expert shape both terms are close
+// (2.7 vs 2.9 ms on an H100), and the board is power-capped: the dense GEMM alone already runs at
+// the 700 W cap (docs/perf.md, session 10). Two kernels on two streams do not overlap (session 11),
+// so only one kernel doing both shows what the pair costs together.
+//
+// The probe kernel does the least any such kernel must, with none of its dependencies:
+//   - `stages` weight-like stages: 32 KiB of bf16 (one 256 x 64 K-major, 128-byte-swizzled tile)
+//     bulk-copied from DRAM into a 4-stage shared-memory ring, each used by two passes of
+//     wgmma m64n256k16 (both consumer warpgroups, a resident 128 x 64 row tile): 256 FLOP per
+//     streamed byte, the expert weight's reuse at ~256 rows per expert;
+//   - `extra` bytes more read from DRAM (the row operand's one read), spread over the stages;
+//   - `stores` of each CTA's two accumulators as bf16 (64 KiB each), spread over the stages.
+// One persistent CTA per SM, every CTA a contiguous share of the stages. There is no L2 reuse to
+// arrange, no group boundary, no schedule and no epilogue dependence: a real kernel of the same
+// FLOPs and bytes does at least this work. mode `mma` leaves out the copies (the tile stays
+// resident), mode `stream` the products: each alone, to show the probe reaches the dense and copy
+// rates (else it bounds nothing).
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/runtime.cuh"
+
+namespace moe::gpu::sm90 {
+
+enum class JointMode : uint8_t { joint, mma, stream };
+
+constexpr int64_t kJointStageBytes = 32 * 1024;  // streamed per stage (the MMAs' B tile)
+constexpr double kJointStageFlops = 2.0 * 128 * 256 * 64 * 2;  // two passes of 128 x 256 x 64
+constexpr int64_t kJointStoreBytes = 64 * 1024;  // one store: two 64 x 256 bf16 fragments
+
+struct JointWork {
+  int64_t stages = 0;  // weight-like stages (flops = stages * kJointStageFlops)
+  int64_t extra = 0;   // more bytes read, a multiple of 16
+  int64_t stores = 0;  // stores of kJointStoreBytes, at most `stages`
+};
+
+// The work of a product of `flops` that must read `read_bytes` and write `write_bytes` at the
+// least: flops rounded up to whole stages, the remaining reads as extra, writes as whole stores.
+JointWork joint_work_for(double flops, double read_bytes, double write_bytes);
+
+// True when the current device is an sm_90 GPU and this build carries the probe's sm_90a image.
+bool joint_probe_available();
+
+#ifdef __CUDACC__
+#define MOE_JOINT_HD __host__ __device__ __forceinline__
+#else
+#define MOE_JOINT_HD inline
+#endif
+
+// Stage s's extra reads: bytes [16 floor(s X / S), 16 floor((s + 1) X / S)) of the extra buffer,
+// X = extra / 16, S = stages.
+MOE_JOINT_HD void joint_extra_range(int64_t stages, int64_t extra16, int64_t s, int64_t& off,
+                                    int64_t& len) {
+  const int64_t a = s * extra16 / stages, b = (s + 1) * extra16 / stages;
+  off = 16 * a;
+  len = 16 * (b - a);
+}
+// The store made after stage s (of `stores` <= `stages`, spread evenly), or -1.
+MOE_JOINT_HD int64_t joint_store_at(int64_t stages, int64_t stores, int64_t s) {
+  if (stores == 0) return -1;
+  const int64_t before = s * stores / stages, after = (s + 1) * stores / stages;
+  return after > before ? before : -1;
+}
+// CTA c of n runs stages [joint_first_stage(S, c, n), joint_first_stage(S, c + 1, n)).
+MOE_JOINT_HD int64_t joint_first_stage(int64_t stages, int64_t cta, int64_t ctas) {
+  return stages * cta / ctas;
+}
+
+// Device buffers for one JointWork: the streamed tiles, the extra bytes, the row tile (bf16
+// values uniform in [-1, 1], as GemmBench fills its operands) and the stores.
+class JointProbe {
+ public:
+  explicit JointProbe(const JointWork& w);
+
+  // One launch; `ctas` 0 means one per SM.
+  void launch(JointMode mode, Stream s = nullptr, int ctas = 0);
+  // Median milliseconds of `reps` launches after `warmup`.
+  double median_ms(JointMode mode, int warmup, int reps, Stream s = nullptr);
+
+  const JointWork& work() const { return work_; }
+  // What the kernel reads ([stages * kJointStageBytes / 2], [extra / 2], [128 * 64] bf16) and
+  // writes ([stores * kJointStoreBytes / 2] bf16); tests fill and read them.
+  DeviceTensor& tiles() { return tiles_; }
+  DeviceTensor& extra() { return extra_; }
+  DeviceTensor& rows() { return rows_; }
+  DeviceTensor& out() { return out_; }
+
+ private:
+  JointWork work_;
+  DeviceTensor tiles_, extra_, rows_, out_;
+};
+
+}  // namespace moe::gpu::sm90
