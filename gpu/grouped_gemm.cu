@@ -800,9 +800,10 @@ bool chunked_aligned(size_t es_ab, const void* a,
 constexpr int64_t kLargeRows = 1024;
 
 // GemmImpl::sm90: the fwd / dgrad products of every (b, c) pair on our Hopper kernel
-// (gpu/grouped_gemm_sm90.cuh), the bias (fwd only) added in its epilogue. The group offsets and
-// the tile table go up through an upload slot. Returns false, having issued nothing, when the
-// kernel cannot take a product (then the caller falls back to chunked).
+// (gpu/grouped_gemm_sm90.cuh), the bias (fwd only) added in its epilogue. The group offsets, the
+// tile table and one zeroed schedule counter per launch go up through an upload slot. Returns
+// false, having issued nothing, when the kernel cannot take a product (then the caller falls back
+// to chunked).
 std::atomic<int64_t> g_sm90_calls{0};
 
 bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
@@ -833,23 +834,28 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
     if (!sm90::supported(p)) return false;
   }
   if (tiles == 0) return true;
+  const bool dynamic = sm90::dynamic_schedule();  // throws on a bad MOE_SM90_SCHED: before issuing
+  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8.
   const size_t off_bytes = static_cast<size_t>(G + 1) * sizeof(int64_t);
-  UploadSlot& slot = acquire_upload(off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t));
+  const size_t cnt_at = off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t);
+  const size_t bytes = (cnt_at + bc.size() * sizeof(int32_t) + 7) / 8 * 8;
+  UploadSlot& slot = acquire_upload(bytes);
   auto* h_off = reinterpret_cast<int64_t*>(slot.host);
   auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
   for (int64_t g = 0; g <= G; ++g) {
     h_off[g] = plan.offsets[g];
     h_tiles[g] = static_cast<int32_t>(tile_start[g]);
   }
-  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host,
-                                 off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, s));
+  std::fill(slot.host + cnt_at, slot.host + bytes, char{0});
+  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
   p.offsets = reinterpret_cast<const int64_t*>(slot.dev);
   p.tile_start = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
   p.tiles = static_cast<int32_t>(tiles);
-  for (const auto& [b, c] : bc) {
-    p.b = b;
-    p.c = c;
+  auto* counters = reinterpret_cast<int32_t*>(slot.dev + cnt_at);
+  for (size_t i = 0; i < bc.size(); ++i) {
+    p.b = bc[i].first;
+    p.c = bc[i].second;
+    p.tile_counter = dynamic ? counters + i : nullptr;
     sm90::launch(p, s);
   }
   MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));

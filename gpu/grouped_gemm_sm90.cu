@@ -25,14 +25,25 @@ namespace {
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
 constexpr int kChunkBytes = 64 * kBK * 2;  // one 64-column box of an MN-major B stage
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8;
+
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
 constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing one weight tile
+// Dynamic schedule: a ring of kSched table entries handed from rank 0's producer to every reader
+// of the cluster. Two slots let the producer publish the entry after the current one while the
+// readers still take the one before. Readers: every consumer thread of both CTAs and the other
+// CTAs' producer threads; each arrives itself on rank 0's sched_empty.
+constexpr int kSched = 2;
+constexpr int kSchedReaders = kCluster * (kThreads - 128) + (kCluster - 1);
+// Stages, then the full / empty barriers of the stages and of the schedule ring, then its slots.
+constexpr int kSmemBytes =
+    kStages * kStageBytes + 1024 /* alignment */ + (2 * kStages + 2 * kSched) * 8 + kSched * 4;
 static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
 
 struct KParams {
   const int64_t* offsets;
   const int32_t* tile_start;
+  int32_t* tile_counter;  // dynamic: entries drawn past the first one per cluster (zero at start)
+  bool dynamic;           // false: cluster c walks entries c, c + clusters, ... (static)
   int groups, tiles, n_tiles, k_blocks;
   int64_t rows;
   int64_t nc;
@@ -129,6 +140,78 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta)
   // of the stage before the peer's next TMA write, as in a one-CTA pipeline; a cluster-scope
   // release would add a fence per k-block.
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+// Schedule ring (dynamic schedule): release / acquire at cluster scope, since rank 0's producer
+// writes the slot of the peer CTA and the peer's readers release it to rank 0. One arrival on
+// this CTA's barrier (the CTA-local form, as in gpu/bulk_copy.cuh) or on the one at bar's offset
+// in CTA `cta`.
+__device__ __forceinline__ void mbar_arrive_release_cluster(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_release_cluster(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(smem_u32(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_u32(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Rank 0's producer draws the cluster's next entry (clusters, clusters + 1, ... in draw order;
+// past the table: p.tiles, which ends every loop) and hands it to every reader through ring use
+// u: once all readers have released use u - kSched of the slot, write it in each CTA, then signal
+// each CTA's sched_full.
+__device__ __forceinline__ int sched_draw(const KParams& p, uint64_t* sched_full,
+                                          uint64_t* sched_empty, int32_t* slot, uint32_t u,
+                                          int clusters) {
+  const uint32_t j = u % kSched;
+  mbar_wait_acquire_cluster(&sched_empty[j], ((u / kSched) & 1) ^ 1);
+  const int64_t next = static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters;
+  const int t = next < p.tiles ? static_cast<int>(next) : p.tiles;
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_u32(&slot[j])), "r"(t) : "memory");
+  for (uint32_t c = 1; c < kCluster; ++c) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote)
+                 : "r"(smem_u32(&slot[j])), "r"(c));
+    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(t) : "memory");
+  }
+  mbar_arrive_release_cluster(&sched_full[j]);
+  for (uint32_t c = 1; c < kCluster; ++c) mbar_arrive_release_cluster(&sched_full[j], c);
+  return t;
+}
+
+// A reader takes ring use u and releases it itself on rank 0's sched_empty (racecheck found
+// handoffs that delegate the release to one lane racy).
+__device__ __forceinline__ int sched_take(uint64_t* sched_full, uint64_t* sched_empty,
+                                          const int32_t* slot, uint32_t u, uint32_t rank) {
+  const uint32_t j = u % kSched;
+  mbar_wait_acquire_cluster(&sched_full[j], (u / kSched) & 1);
+  int t;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(t) : "r"(smem_u32(&slot[j])) : "memory");
+  if (rank == 0) {
+    mbar_arrive_release_cluster(&sched_empty[j]);
+  } else {
+    mbar_arrive_release_cluster(&sched_empty[j], 0);
+  }
+  return t;
 }
 
 __device__ __forceinline__ void cluster_sync() {
@@ -429,6 +512,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                                              ~static_cast<uintptr_t>(1023));
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
+  uint64_t* sched_full = empty + kStages;
+  uint64_t* sched_empty = sched_full + kSched;  // only rank 0's are used
+  int32_t* sched_slot = reinterpret_cast<int32_t*>(sched_empty + kSched);
   const uint32_t rank = cluster_rank();
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -436,6 +522,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       // A stage is free once every consumer warp of BOTH CTAs has read it: the peer's multicast
       // writes this CTA's copy of the weight tile.
       mbar_init(&empty[s], kCluster * 8);
+    }
+    for (int j = 0; j < kSched; ++j) {
+      mbar_init(&sched_full[j], 1);
+      mbar_init(&sched_empty[j], kSchedReaders);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -446,7 +536,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
       int it = 0;
-      for (int t = cluster_id; t < p.tiles; t += clusters) {
+      uint32_t u = 0;  // schedule ring uses
+      for (int t = cluster_id; t < p.tiles;) {
         const Tile tl = decode(p, t, rank);
         // Row halves (64 rows) past the group's end are not loaded (their products are skipped
         // and nothing of them is stored); nor are weight boxes past Nc.
@@ -506,6 +597,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
             }
           }
         }
+        if (!p.dynamic) {
+          t += clusters;
+        } else if (rank == 0) {
+          // Drawn once this tile's loads are issued: they land meanwhile.
+          t = sched_draw(p, sched_full, sched_empty, sched_slot, u++, clusters);
+        } else {
+          t = sched_take(sched_full, sched_empty, sched_slot, u++, rank);
+        }
       }
     }
     __syncwarp();
@@ -514,7 +613,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
     float acc[128];
     int it = 0;
-    for (int t = cluster_id; t < p.tiles; t += clusters) {
+    uint32_t u = 0;  // schedule ring uses
+    for (int t = cluster_id; t < p.tiles;) {
       const Tile tl = decode(p, t, rank);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -533,9 +633,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       } else {
         store_fragment_bias<TC, false>(p, tl, cw, acc);
       }
+      t = p.dynamic ? sched_take(sched_full, sched_empty, sched_slot, u++, rank) : t + clusters;
     }
   }
-  // No CTA leaves while its peer may still arrive on its barriers.
+  // No CTA leaves while its peer may still write its schedule slots or arrive on its barriers:
+  // every remote write and arrive above precedes its thread's arrival here. Each ring use is
+  // taken by every reader (the last one carries p.tiles), so no one waits past it.
   cluster_sync();
 #endif
 }
@@ -656,6 +759,14 @@ void l2_hints(const RowGroupedProduct& p, KParams& kp) {
 
 }  // namespace
 
+bool dynamic_schedule() {
+  const char* e = std::getenv("MOE_SM90_SCHED");
+  if (!e || !*e || std::strcmp(e, "dynamic") == 0) return true;
+  if (std::strcmp(e, "static") == 0) return false;
+  throw std::invalid_argument(std::string("MOE_SM90_SCHED: expected static or dynamic, got '") + e +
+                              "'");
+}
+
 bool available() {
   static const bool ok = [] {
     int dev = 0, major = 0, minor = 0;
@@ -698,6 +809,8 @@ void launch(const RowGroupedProduct& p, Stream s) {
   KParams kp{};
   kp.offsets = p.offsets;
   kp.tile_start = p.tile_start;
+  kp.tile_counter = p.tile_counter;
+  kp.dynamic = p.tile_counter != nullptr;
   kp.groups = static_cast<int>(p.groups);
   kp.tiles = p.tiles;
   kp.rows = p.rows;

@@ -24,6 +24,13 @@
 //     8.7 GB minimum and ran at 42% of dense;
 //   - the table lists every reader of one weight tile next to each other, groups in order, so
 //     they run at about the same time and the weight is read from DRAM once;
+//   - clusters draw table entries from a per-launch atomic counter as they free up, not by a
+//     fixed stride: with the stride they drifted apart, the readers of one weight tile no longer
+//     ran together and re-read it from DRAM (first version, docs/perf.md: 4292 -> 4105 us,
+//     11.7 -> 10.8 GB on the DeepSeek-like shape; MOE_SM90_SCHED=static for A/B);
+//   - rank 0's producer draws the next entry while the current one loads and hands it to both
+//     CTAs through a 2-slot shared-memory ring; every reading thread releases a slot with its own
+//     mbarrier arrival (racecheck flagged a handoff that delegated it to one lane);
 //   - where the weight is streamed (few rows per group) its loads are marked L2 evict_first, so
 //     the row tile, which the group's other column tiles read, stays in L2 (12.7 GB of DRAM reads
 //     instead of 15.3 GB on the M-pair-only version);
@@ -63,7 +70,14 @@ struct RowGroupedProduct {
   const int64_t* offsets = nullptr;     // [G + 1] group row offsets (device)
   const int32_t* tile_start = nullptr;  // [G + 1] first table entry of each group (device)
   int32_t tiles = 0;                    // tile_start[G] (see tiles_of_group)
+  // Dynamic schedule: one int32 (device) that is zero when this launch's kernel starts; the
+  // kernel draws table entries from it, so each launch needs its own. Null: static schedule.
+  int32_t* tile_counter = nullptr;
 };
+
+// Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
+// or "static" (false); anything else throws std::invalid_argument. Read on every call.
+bool dynamic_schedule();
 
 // Whether launch() takes the product: available(), 16-bit operands, Kc and Nc multiples of 8
 // (TMA strides are multiples of 16 bytes), 16-byte aligned a, b and c, rows and tiles in range.

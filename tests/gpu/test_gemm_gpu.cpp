@@ -931,6 +931,61 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
 }
 
+// The sm90 kernel's dynamic schedule (clusters draw table entries from an atomic counter) gives
+// the same bits as the static stride (MOE_SM90_SCHED=static) and as another dynamic run: each
+// tile is one CTA's fixed-order sum whichever cluster takes it. 40 groups of 0..394 rows give
+// ~215 forward entries (and with K = 520, 134 dgrad ones) for the 66 clusters of an H100, so
+// clusters draw many entries; K = 136 has 3 k-blocks, fewer than the stages, so producers run
+// ahead and the schedule ring fills. A bad MOE_SM90_SCHED throws before anything is issued.
+TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
+  MOE_SKIP_WITHOUT_SM90();
+  const char* prev = std::getenv("MOE_SM90_SCHED");
+  const std::string saved = prev ? prev : "";
+  auto set_sched = [](const char* v) {
+    if (v) {
+      setenv("MOE_SM90_SCHED", v, 1);
+    } else {
+      unsetenv("MOE_SM90_SCHED");
+    }
+  };
+  std::vector<int64_t> sizes(40);
+  int64_t used = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) used += sizes[g] = static_cast<int64_t>(g) * 137 % 401;
+  const int64_t R = used + 5, N = 1032, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  for (const int64_t K : {136, 520}) {
+    SCOPED_TRACE("K = " + std::to_string(K));
+    const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+    const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+    auto run = [&](const char* sched) {
+      set_sched(sched);
+      gpu::DeviceTensor out(DType::bf16, {R, N});
+      gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
+                                gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+      const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+      gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+      gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
+      EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2)
+          << (sched ? sched : "(unset)") << ": fwd and dgrad on the kernel";
+      return std::make_pair(out.download(), grads.grad_x.download());
+    };
+    const auto [out_d, gx_d] = run(nullptr);
+    const auto [out_s, gx_s] = run("static");
+    const auto [out_d2, gx_d2] = run("dynamic");
+    EXPECT_TRUE(out_d.bitwise_equal(out_s)) << "fwd: dynamic and static schedules differ";
+    EXPECT_TRUE(gx_d.bitwise_equal(gx_s)) << "dgrad: dynamic and static schedules differ";
+    EXPECT_TRUE(out_d.bitwise_equal(out_d2) && gx_d.bitwise_equal(gx_d2)) << "two runs differ";
+  }
+  set_sched("bogus");
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  const gpu::DeviceTensor x = filled({R, 136}, kSeedX), w = filled({G, 136, N}, kSeedW);
+  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+               std::invalid_argument);
+  set_sched(prev ? saved.c_str() : nullptr);
+}
+
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   MOE_SKIP_WITHOUT_GPU();
   if (!std::getenv("MOE_GEMM_BENCH")) {
