@@ -131,7 +131,7 @@ TEST(JointProbeGpu, WorkForACaseCoversItsFlopsAndBytes) {
   EXPECT_LT(streamed, read + 16);
   EXPECT_GE(static_cast<double>(w.stores * gpu::sm90::kJointStoreBytes), write);
   EXPECT_LT(static_cast<double>((w.stores - 1) * gpu::sm90::kJointStoreBytes), write);
-  EXPECT_THROW(gpu::sm90::joint_work_for(flops, 1e9, 0), std::invalid_argument);  // 800 KiB/stage
+  EXPECT_THROW(gpu::sm90::joint_work_for(flops, 1e9, 0), std::invalid_argument);   // 800 KiB/stage
   EXPECT_THROW(gpu::sm90::joint_work_for(flops, 0, 1e12), std::invalid_argument);  // stores
   EXPECT_THROW(gpu::sm90::joint_work_for(-1, 0, 0), std::invalid_argument);
 }
