@@ -1,8 +1,7 @@
 // sm_90 bulk copies and mbarriers for one CTA (PTX ISA "cp.async.bulk", "mbarrier"): a producer
 // issues global -> shared copies that complete on a barrier, consumers wait for the barrier's
-// phase. CUDA-only header (include from .cu files). gpu/grouped_gemm_sm90.cu still has its own
-// copies of mbar_init, the expect_tx arrive and mbar_wait (the same PTX) beside its cluster-scope
-// arrive and TMA loads; moving it onto these wants a GPU run of the sm90 tests.
+// phase. CUDA-only header (include from .cu files); gpu/grouped_gemm_sm90.cu and
+// gpu/joint_probe.cu use it too, beside their cluster-scope arrives and TMA loads.
 #pragma once
 
 #include <cuda_runtime.h>

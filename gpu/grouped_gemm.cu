@@ -834,7 +834,9 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
     if (!sm90::supported(p)) return false;
   }
   if (tiles == 0) return true;
-  const bool dynamic = sm90::dynamic_schedule();  // throws on a bad MOE_SM90_SCHED: before issuing
+  // Both throw on a bad MOE_SM90_SCHED / MOE_SM90_BAND: before anything is issued.
+  const bool dynamic = sm90::dynamic_schedule();
+  p.band = sm90::band_setting();
   // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8.
   const size_t off_bytes = static_cast<size_t>(G + 1) * sizeof(int64_t);
   const size_t cnt_at = off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t);

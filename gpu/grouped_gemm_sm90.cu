@@ -15,8 +15,10 @@
 #include <string>
 #include <type_traits>
 
+#include "gpu/bulk_copy.cuh"
 #include "gpu/device_util.cuh"
 #include "gpu/grouped_gemm_sm90.cuh"
+#include "gpu/wgmma.cuh"
 
 namespace moe::gpu::sm90 {
 
@@ -52,6 +54,8 @@ struct KParams {
   int bias_type;  // 0 none, 1 f32, 2 bf16, 3 f16
   bool accumulate;
   int hint_a, hint_b;  // l2_policy() of the row operand's and the weight's loads
+  // Groups of more than band_over M-pairs are walked in bands of band_pairs M-pairs (see decode).
+  int band_pairs, band_over;
 };
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -66,16 +70,22 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 //   N-pair: one row tile of two column tiles shares the row tile. Only a group's last row tile,
 //           when its row-tile count is odd, runs as N-pairs (as an M-pair its partner would
 //           compute rows past the group and B would be read twice).
+// banded: the tile belongs to a banded group (see decode); its weight loads stay evict_normal.
 struct Tile {
   int g, n0;
-  bool npair;
+  bool npair, banded;
   int64_t row0, row_end;
 };
 
 // Entries of group g, per column pair q (columns 2q, 2q + 1): the M-pairs of column 2q, those of
 // column 2q + 1, then (odd row-tile count) the N-pair of the last row tile. So every reader of a
 // weight tile is adjacent in the table and runs at about the same time (the weight is read from
-// DRAM once). Must match tiles_of_group().
+// DRAM once). A group of more than p.band_over M-pairs (its row operand much larger than L2) is
+// walked in bands of p.band_pairs M-pairs instead: each band's M-pairs for column 0, 1, ..., then
+// the next band, the N-pairs last. There the row operand, not the weight, is what must not be
+// re-read: by columns, every column tile would stream the whole row operand from DRAM again; by
+// bands, a band's rows are read once while the group's weight (every column) stays in L2. Must
+// match tiles_of_group().
 __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   int lo = 0, hi = p.groups;  // first j in [0, G] with tile_start[j] > t, minus one
   while (lo < hi) {
@@ -93,6 +103,23 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   const int m_tiles = static_cast<int>((tl.row_end - off + kBM - 1) / kBM);
   const int m_pairs = m_tiles / 2, odd = m_tiles & 1;
   const int local = t - __ldg(p.tile_start + tl.g);
+  tl.banded = m_pairs > p.band_over;
+  if (tl.banded) {
+    if (local < m_pairs * p.n_tiles) {
+      const int per_band = p.band_pairs * p.n_tiles, b = local / per_band;
+      const int in_band = local - b * per_band;
+      const int size = min(p.band_pairs, m_pairs - b * p.band_pairs);  // the last band: fewer
+      const int pm = b * p.band_pairs + in_band % size;
+      tl.npair = false;
+      tl.row0 = off + static_cast<int64_t>(kCluster * pm + rank) * kBM;
+      tl.n0 = in_band / size * kBN;
+    } else {
+      tl.npair = true;
+      tl.row0 = off + static_cast<int64_t>(m_tiles - 1) * kBM;
+      tl.n0 = (2 * (local - m_pairs * p.n_tiles) + static_cast<int>(rank)) * kBN;
+    }
+    return tl;
+  }
   const int per_q = 2 * m_pairs + odd;
   const int q = local / per_q, r = local % per_q;
   // The last column pair of an odd column-tile count has one column: r < m_pairs or the N-pair.
@@ -116,26 +143,15 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
 
 #ifdef MOE_SM90_KERNEL
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
+using namespace moe::gpu::bulk;  // smem_addr, mbar_init, mbar_arrive_expect_tx, mbar_wait
+using namespace moe::gpu::wgmma;
 
 // Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                : "=r"(remote)
-               : "r"(smem_u32(bar)), "r"(cta));
+               : "r"(smem_addr(bar)), "r"(cta));
   // Default (release, CTA scope) semantics: what is ordered is this warp's completed wgmma reads
   // of the stage before the peer's next TMA write, as in a one-CTA pipeline; a cluster-scope
   // release would add a fence per k-block.
@@ -147,7 +163,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta)
 // this CTA's barrier (the CTA-local form, as in gpu/bulk_copy.cuh) or on the one at bar's offset
 // in CTA `cta`.
 __device__ __forceinline__ void mbar_arrive_release_cluster(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar))
+  asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar))
                : "memory");
 }
 
@@ -155,13 +171,13 @@ __device__ __forceinline__ void mbar_arrive_release_cluster(uint64_t* bar, uint3
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                : "=r"(remote)
-               : "r"(smem_u32(bar)), "r"(cta));
+               : "r"(smem_addr(bar)), "r"(cta));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote)
                : "memory");
 }
 
 __device__ __forceinline__ void mbar_wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_u32(bar);
+  const uint32_t addr = smem_addr(bar);
   uint32_t done = 0;
   do {
     asm volatile(
@@ -185,12 +201,12 @@ __device__ __forceinline__ int sched_draw(const KParams& p, uint64_t* sched_full
   mbar_wait_acquire_cluster(&sched_empty[j], ((u / kSched) & 1) ^ 1);
   const int64_t next = static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters;
   const int t = next < p.tiles ? static_cast<int>(next) : p.tiles;
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_u32(&slot[j])), "r"(t) : "memory");
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_addr(&slot[j])), "r"(t) : "memory");
   for (uint32_t c = 1; c < kCluster; ++c) {
     uint32_t remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                  : "=r"(remote)
-                 : "r"(smem_u32(&slot[j])), "r"(c));
+                 : "r"(smem_addr(&slot[j])), "r"(c));
     asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(t) : "memory");
   }
   mbar_arrive_release_cluster(&sched_full[j]);
@@ -205,7 +221,7 @@ __device__ __forceinline__ int sched_take(uint64_t* sched_full, uint64_t* sched_
   const uint32_t j = u % kSched;
   mbar_wait_acquire_cluster(&sched_full[j], (u / kSched) & 1);
   int t;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(t) : "r"(smem_u32(&slot[j])) : "memory");
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(t) : "r"(smem_addr(&slot[j])) : "memory");
   if (rank == 0) {
     mbar_arrive_release_cluster(&sched_empty[j]);
   } else {
@@ -217,20 +233,6 @@ __device__ __forceinline__ int sched_take(uint64_t* sched_full, uint64_t* sched_
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
                    : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_u32(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 
 // L2 eviction priorities of the two operands' loads (createpolicy; PTX ISA "Cache Eviction
@@ -251,8 +253,8 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
                                             int c0, int c1, uint64_t pol) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(pol)
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "l"(pol)
       : "memory");
 }
 
@@ -260,8 +262,8 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
                                             int c0, int c1, int c2, uint64_t pol) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
       : "memory");
 }
 
@@ -272,8 +274,9 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
   const uint16_t mask = (1u << kCluster) - 1;
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask), "l"(pol)
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(
+          smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(mask), "l"(pol)
       : "memory");
 }
 
@@ -284,107 +287,9 @@ __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorM
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
       ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(
-          smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask), "l"(pol)
+          smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask), "l"(pol)
       : "memory");
-}
-
-// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "Matrix Descriptor Format"):
-// start address, leading and stride byte offsets, all in 16-byte units.
-//   K-major (rows of 64 k-values = 128 bytes): LBO unused (1), SBO = 8 rows = 1024 bytes.
-//   MN-major (rows of 64 n-values per k, boxes of 64 columns kBK rows deep): LBO = the stride
-//   between 64-column boxes, SBO = 8 k-rows = 1024 bytes.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
-#define MOE_WGMMA_REGS                                                                           \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "             \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-
-#define MOE_WGMMA_OUTS                                                                            \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
-      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
-      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
-      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),  \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),  \
-      "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),  \
-      "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),  \
-      "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),  \
-      "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),  \
-      "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),          \
-      "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]),         \
-      "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),         \
-      "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),         \
-      "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-
-// d[64 x 256] += A[64 x 16] . B[16 x 256]; kTransB = 1 for an MN-major B.
-template <class T, int kTransB>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db);
-
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16, 0>(float (&d)[128], uint64_t da,
-                                                                   uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MOE_WGMMA_REGS
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : MOE_WGMMA_OUTS
-      : "l"(da), "l"(db), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16, 1>(float (&d)[128], uint64_t da,
-                                                                   uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MOE_WGMMA_REGS
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : MOE_WGMMA_OUTS
-      : "l"(da), "l"(db), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__half, 0>(float (&d)[128], uint64_t da,
-                                                            uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOE_WGMMA_REGS
-      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : MOE_WGMMA_OUTS
-      : "l"(da), "l"(db), "r"(1));
-}
-template <>
-__device__ __forceinline__ void wgmma_m64n256k16<__half, 1>(float (&d)[128], uint64_t da,
-                                                            uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOE_WGMMA_REGS
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : MOE_WGMMA_OUTS
-      : "l"(da), "l"(db), "r"(1));
 }
 
 template <class TB>
@@ -475,8 +380,8 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
     const int s = it % kStages;
     mbar_wait(&full[s], (it / kStages) & 1);
     if constexpr (kActive) {
-      const uint32_t sa = smem_u32(smem + s * kStageBytes) + cw * (64 * 128);
-      const uint32_t sb = smem_u32(smem + s * kStageBytes + kABytes);
+      const uint32_t sa = smem_addr(smem + s * kStageBytes) + cw * (64 * 128);
+      const uint32_t sb = smem_addr(smem + s * kStageBytes + kABytes);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -564,9 +469,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
           uint8_t* sa = smem + s * kStageBytes;
           uint8_t* sb = sa + kABytes;
-          mbar_expect_tx(&full[s], bytes);
+          mbar_arrive_expect_tx(&full[s], bytes);
           // Made here, not kept live: the producer has 40 registers (setmaxnreg).
-          const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(p.hint_b);
+          const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(tl.banded ? 0 : p.hint_b);
           if (!tl.npair) {
             if (half1) {
               tma_load_2d(sa, &tm_a, &full[s], kb * kBK, a_row, pol_a);
@@ -757,7 +662,38 @@ void l2_hints(const RowGroupedProduct& p, KParams& kp) {
   kp.hint_b = p.rows <= kStreamRows * p.groups ? 1 : 0;
 }
 
+// Banded walk (decode): bands of about kBandBytes of row operand, for groups whose row operand
+// is over kBandOverBytes (far more than L2 holds) while their whole weight fits in kBandWeightBytes
+// (so it stays in L2 across bands; else the bands would re-read the weight instead). On the
+// DeepSeek-like forward: bands of 4 M-pairs (14.7 MB) in groups above 13 M-pairs (3.3k rows).
+void band_params(const RowGroupedProduct& p, KParams& kp) {
+  constexpr int64_t kBandBytes = int64_t{16} << 20, kBandOverBytes = int64_t{48} << 20,
+                    kBandWeightBytes = int64_t{32} << 20;
+  kp.band_over = INT_MAX;  // off
+  kp.band_pairs = 1;
+  if (p.band > 0) {
+    kp.band_pairs = kp.band_over = p.band;
+  } else if (p.band < 0 && p.kc * p.nc * 2 <= kBandWeightBytes) {
+    const int64_t pair_bytes = kCluster * kBM * p.kc * 2;
+    kp.band_pairs = static_cast<int>(std::max<int64_t>(1, kBandBytes / pair_bytes));
+    kp.band_over = static_cast<int>(
+        std::min<int64_t>(INT_MAX, std::max<int64_t>(kp.band_pairs, kBandOverBytes / pair_bytes)));
+  }
+}
+
 }  // namespace
+
+int band_setting() {
+  const char* e = std::getenv("MOE_SM90_BAND");
+  if (!e || !*e || std::strcmp(e, "auto") == 0) return -1;
+  if (std::strcmp(e, "off") == 0) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end == '\0' && v >= 1 && v <= 1 << 20) return static_cast<int>(v);
+  throw std::invalid_argument(std::string("MOE_SM90_BAND: expected auto, off or a number of "
+                                          "M-pairs from 1 to 1048576, got '") +
+                              e + "'");
+}
 
 bool dynamic_schedule() {
   const char* e = std::getenv("MOE_SM90_SCHED");
@@ -822,6 +758,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
   kp.bias_type = bias_code(p);
   kp.accumulate = p.accumulate;
   l2_hints(p, kp);
+  band_params(p, kp);
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {

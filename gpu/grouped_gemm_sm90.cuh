@@ -23,7 +23,11 @@
 //     shape (groups of ~256 +- 16 rows) the M-pair-only version read 15.3 GB from DRAM for an
 //     8.7 GB minimum and ran at 42% of dense;
 //   - the table lists every reader of one weight tile next to each other, groups in order, so
-//     they run at about the same time and the weight is read from DRAM once;
+//     they run at about the same time and the weight is read from DRAM once; except in a group
+//     whose row operand is far larger than L2 while its weight fits (the DeepSeek-like skewed
+//     case's 40k-row expert): there columns by turn would stream the whole row operand from DRAM
+//     once per column tile, so the table walks it in bands of rows, every column of a band
+//     together;
 //   - clusters draw table entries from a per-launch atomic counter as they free up, not by a
 //     fixed stride: with the stride they drifted apart, the readers of one weight tile no longer
 //     ran together and re-read it from DRAM (first version, docs/perf.md: 4292 -> 4105 us,
@@ -73,7 +77,16 @@ struct RowGroupedProduct {
   // Dynamic schedule: one int32 (device) that is zero when this launch's kernel starts; the
   // kernel draws table entries from it, so each launch needs its own. Null: static schedule.
   int32_t* tile_counter = nullptr;
+  // Banded walk of large groups (band_setting()): -1 auto, 0 off, n bands of n M-pairs in every
+  // group of more than n.
+  int band = -1;
 };
+
+// MOE_SM90_BAND, the walk of a group far larger than L2 (gpu/grouped_gemm_sm90.cu, decode):
+// unset, empty or "auto" -1 (banded where the group's row operand is over 48 MiB and its weight
+// under 32 MiB), "off" 0 (by column pairs everywhere), n >= 1 (bands of n M-pairs wherever a group
+// has more: tests, A/B); anything else throws std::invalid_argument naming it. Read on every call.
+int band_setting();
 
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.

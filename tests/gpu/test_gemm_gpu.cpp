@@ -986,6 +986,56 @@ TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
   set_sched(prev ? saved.c_str() : nullptr);
 }
 
+// The sm90 kernel's banded walk of large groups (decode; MOE_SM90_BAND=3 forces bands of 3
+// M-pairs wherever a group has more): a group of 2900 rows (11 M-pairs in bands 3, 3, 3, 2 and an
+// N-pair row tile), one of 1500 (two full bands), one of 700 (3 M-pairs: not banded), an empty
+// and a 5-row group; N = 1032 gives an odd column-tile count, dgrad (Nc = 256) a single one.
+// Outputs are poisoned first, so a tile the walk skips shows; the banded run must match the
+// column walk (MOE_SM90_BAND=off) bit for bit and the sampled fp64 sums.
+TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
+  MOE_SKIP_WITHOUT_SM90();
+  const char* prev = std::getenv("MOE_SM90_BAND");
+  const std::string saved = prev ? prev : "";
+  const std::vector<int64_t> sizes = {2900, 0, 700, 1500, 5};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 3, K = 256, N = 1032, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.poison = true;
+  auto run = [&](const char* band) {
+    setenv("MOE_SM90_BAND", band, 1);
+    gpu::DeviceTensor out(DType::bf16, {R, N});
+    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
+                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+    const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+    gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+    gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
+    EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2) << band;
+    return std::make_pair(out.download(), grads.grad_x.download());
+  };
+  const auto [out_b, gx_b] = run("3");
+  const auto [out_c, gx_c] = run("off");
+  EXPECT_TRUE(out_b.bitwise_equal(out_c)) << "fwd: banded and column walks differ";
+  EXPECT_TRUE(gx_b.bitwise_equal(gx_c)) << "dgrad: banded and column walks differ";
+  gpu::DeviceTensor d_out = gpu::DeviceTensor::upload(out_b),
+                    d_gx = gpu::DeviceTensor::upload(gx_b);
+  const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
+  EXPECT_TRUE(bad.empty()) << joined(bad);
+  setenv("MOE_SM90_BAND", "0", 1);
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+               std::invalid_argument);
+  if (prev) {
+    setenv("MOE_SM90_BAND", saved.c_str(), 1);
+  } else {
+    unsetenv("MOE_SM90_BAND");
+  }
+}
+
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   MOE_SKIP_WITHOUT_GPU();
   if (!std::getenv("MOE_GEMM_BENCH")) {
