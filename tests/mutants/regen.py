@@ -291,6 +291,18 @@ M = [
      "for (int q = 0; q < N; ++q) acc[q] = to_f32(from_f32<T>(acc[q] + to_f32(v.v[q]) * w));",
      "combine forward / dispatch backward, bulk-copy kernel (rows of 16-byte vectors): the "
      "per-token sum over slots rounded to the dtype after every slot"),
+    # ---- gpu/: added in session 12 -----------------------------------------------------------
+    ("064", "sm90_sched_draw_off_by_one", "index", "gpu/grouped_gemm_sm90.cu", 1,
+     "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters;",
+     "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters - 1;",
+     "sm90 GEMM, dynamic schedule: drawn entries start one early, so the last static entry runs "
+     "twice and the table's last entry never (only GemmImpl::sm90)"),
+    ("065", "sm90_band_last_band_full", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int size = min(p.band_pairs, m_pairs - b * p.band_pairs);",
+     "const int size = p.band_pairs;",
+     "sm90 GEMM, banded walk: the last band of a group taken as full, so it computes M-pairs "
+     "past the group (the next group's rows) and skips some of its own (only groups walked in "
+     "bands: GemmImpl::sm90, row operand over 48 MiB, or MOE_SM90_BAND=n)"),
 ]
 
 
