@@ -294,9 +294,10 @@ M = [
     # ---- gpu/: added in session 12 -----------------------------------------------------------
     ("064", "sm90_sched_draw_off_by_one", "index", "gpu/grouped_gemm_sm90.cu", 1,
      "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters;",
-     "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters - 1;",
-     "sm90 GEMM, dynamic schedule: drawn entries start one early, so the last static entry runs "
-     "twice and the table's last entry never (only GemmImpl::sm90)"),
+     "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters + 1;",
+     "sm90 GEMM, dynamic schedule: drawn entries start one late, so the first entry past the "
+     "clusters' static ones never runs (only GemmImpl::sm90; starting one early instead is an "
+     "equivalent mutant: one entry runs twice, with the same bits)"),
     ("065", "sm90_band_last_band_full", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
      "const int size = min(p.band_pairs, m_pairs - b * p.band_pairs);",
      "const int size = p.band_pairs;",
