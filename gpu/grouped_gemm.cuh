@@ -59,7 +59,10 @@
 //     H100): sm90 536 (65%) / 548 (74%) and 442 (55%) / 373 (47%); chunked 746 (91%) / 728 (99%)
 //     and 499 (62%) / 431 (54%). L2 hints on DeepSeek-like uniform (MOE_SM90_HINTS, ncu): the
 //     default (weight evict_first) 11.7 GB DRAM read, 4.38 ms; no hints 12.3 GB, 4.72 ms; weight
-//     evict_last 12.5 GB, 4.73 ms; both evict_first 306 TFLOP/s (worst).
+//     evict_last 12.5 GB, 4.73 ms; both evict_first 306 TFLOP/s (worst). Session 12 (dynamic
+//     tile schedule, large groups walked in bands; docs/perf.md): DeepSeek-like uniform forward
+//     3.89-4.21 ms, the same as chunked within the spread of those runs; skewed 4.76 ms against
+//     chunked's 4.46-4.48; Mixtral-like still below chunked.
 //   - PyTorch's torch._grouped_mm (torch 2.11, scripts/torch_grouped_mm_baseline.py), same
 //     shapes, its own dense torch.mm alongside, two H100s: Mixtral-like 653-724 / 622-625 TFLOP/s
 //     (uniform / skewed), DeepSeek-like 489-495 / 381-383 (63-68% / 49-53% of its dense mm). On
