@@ -6,7 +6,6 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "gpu/bulk_copy.cuh"
 #include "gpu/device_util.cuh"
