@@ -27,8 +27,8 @@ namespace {
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
 constexpr int kChunkBytes = 64 * kBK * 2;  // one 64-column box of an MN-major B stage
-constexpr int kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
-constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing one weight tile
+constexpr int kThreads = 384;              // warpgroup 0: producer; 1 and 2: consumers
+constexpr int kCluster = 2;  // CTAs per cluster: adjacent row tiles sharing one weight tile
 // Dynamic schedule: a ring of kSched table entries handed from rank 0's producer to every reader
 // of the cluster. Two slots let the producer publish the entry after the current one while the
 // readers still take the one before. Readers: every consumer thread of both CTAs and the other
