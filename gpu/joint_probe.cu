@@ -10,6 +10,7 @@
 #include "gpu/bulk_copy.cuh"
 #include "gpu/device_util.cuh"
 #include "gpu/grouped_gemm.cuh"
+#include "gpu/grouped_gemm_sm90.cuh"
 #include "gpu/joint_probe.cuh"
 #include "gpu/wgmma.cuh"
 
@@ -197,14 +198,10 @@ JointWork joint_work_for(double flops, double read_bytes, double write_bytes) {
 }
 
 bool joint_probe_available() {
+  // available() checks the device and the sm_90a object both kernels are compiled into.
   static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-      return false;
     cudaFuncAttributes attr{};
-    return major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, joint_kernel) == cudaSuccess &&
+    return available() && cudaFuncGetAttributes(&attr, joint_kernel) == cudaSuccess &&
            attr.binaryVersion == 90;
   }();
   return ok;
