@@ -6,6 +6,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -809,8 +810,9 @@ std::atomic<int64_t> g_sm90_calls{0};
 bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
               const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
               int64_t N, bool accumulate, const void* bias, DType bias_type, Stream s) {
-  if (role == GemmRole::wgrad) return false;
   const int64_t G = plan.groups();
+  const bool wgrad = role == GemmRole::wgrad;
+  // fwd / dgrad: row-grouped (c[r, :] = a[r, :] . B_g); wgrad: column-grouped (c[g] = a_g^T b_g).
   sm90::RowGroupedProduct p;
   p.b_k_major = role == GemmRole::dgrad;
   p.ab = ab;
@@ -823,15 +825,26 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   p.accumulate = accumulate;
   p.bias = bias;
   p.bias_type = bias_type;
+  sm90::ColGroupedProduct w;
+  w.ab = ab;
+  w.a = a;
+  w.rows = plan.rows;
+  w.mc = K;
+  w.nc = N;
+  w.groups = G;
+  w.c_type = c_type;
+  w.accumulate = accumulate;
+  if (wgrad && bias) return false;
   std::vector<int64_t> tile_start(G + 1, 0);  // the kernel's tile table, G + 1 prefix sums
   for (int64_t g = 0; g < G; ++g)
-    tile_start[g + 1] = tile_start[g] + sm90::tiles_of_group(plan.sizes[g], p.nc);
+    tile_start[g + 1] = tile_start[g] + (wgrad ? sm90::col_tiles_of_group(plan.sizes[g], K, N)
+                                               : sm90::tiles_of_group(plan.sizes[g], p.nc));
   const int64_t tiles = tile_start[G];
   if (tiles > INT_MAX) return false;
   for (const auto& [b, c] : bc) {
-    p.b = b;
-    p.c = c;
-    if (!sm90::supported(p)) return false;
+    p.b = w.b = b;
+    p.c = w.c = c;
+    if (!(wgrad ? sm90::supported(w) : sm90::supported(p))) return false;
   }
   if (tiles == 0) return true;
   // Both throw on a bad MOE_SM90_SCHED / MOE_SM90_BAND: before anything is issued.
@@ -844,21 +857,30 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   UploadSlot& slot = acquire_upload(bytes);
   auto* h_off = reinterpret_cast<int64_t*>(slot.host);
   auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
+  // wgrad's slot of the tile table holds the list of groups with rows instead (each has as many
+  // entries); the rest of it stays zero.
+  int32_t with_rows = 0;
   for (int64_t g = 0; g <= G; ++g) {
     h_off[g] = plan.offsets[g];
-    h_tiles[g] = static_cast<int32_t>(tile_start[g]);
+    h_tiles[g] = wgrad ? 0 : static_cast<int32_t>(tile_start[g]);
   }
+  for (int64_t g = 0; wgrad && g < G; ++g)
+    if (plan.sizes[g] > 0) h_tiles[with_rows++] = static_cast<int32_t>(g);
   std::fill(slot.host + cnt_at, slot.host + bytes, char{0});
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
-  p.offsets = reinterpret_cast<const int64_t*>(slot.dev);
-  p.tile_start = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
-  p.tiles = static_cast<int32_t>(tiles);
+  p.offsets = w.offsets = reinterpret_cast<const int64_t*>(slot.dev);
+  p.tile_start = w.group_ids = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
+  p.tiles = w.tiles = static_cast<int32_t>(tiles);
   auto* counters = reinterpret_cast<int32_t*>(slot.dev + cnt_at);
   for (size_t i = 0; i < bc.size(); ++i) {
-    p.b = bc[i].first;
-    p.c = bc[i].second;
-    p.tile_counter = dynamic ? counters + i : nullptr;
-    sm90::launch(p, s);
+    p.b = w.b = bc[i].first;
+    p.c = w.c = bc[i].second;
+    p.tile_counter = w.tile_counter = dynamic ? counters + i : nullptr;
+    if (wgrad) {
+      sm90::launch(w, s);
+    } else {
+      sm90::launch(p, s);
+    }
   }
   MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));
   g_sm90_calls.fetch_add(1, std::memory_order_relaxed);
@@ -1104,6 +1126,14 @@ GemmImpl gemm_impl_from_env(const char* value) {
   }
 }
 
+bool sm90_wgrad_from_env() {
+  const char* e = std::getenv("MOE_SM90_WGRAD");
+  if (!e || !*e || std::strcmp(e, "cublas") == 0) return false;
+  if (std::strcmp(e, "kernel") == 0) return true;
+  throw std::invalid_argument(std::string("MOE_SM90_WGRAD: expected kernel or cublas, got '") + e +
+                              "'");
+}
+
 GemmImpl default_gemm_impl() {
   // Read once: MOE_GEMM_IMPL runs the FFN or the block, whose callers take the default, on
   // another impl.
@@ -1199,7 +1229,9 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
     case GemmImpl::streams:
       return run_streams(ps, tab, tc, beta, s, aux_count(o));
     case GemmImpl::sm90:
-      if (run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s)) return;
+      if ((role != GemmRole::wgrad || o.sm90_wgrad) &&
+          run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
+        return;
       [[fallthrough]];
     case GemmImpl::chunked:
       if (!chunked_aligned(dtype_size(ab), a, bc, dtype_size(c_type), K, N)) {

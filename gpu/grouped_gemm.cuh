@@ -116,6 +116,9 @@ GemmImpl default_gemm_impl();
 // std::invalid_argument naming MOE_GEMM_IMPL.
 GemmImpl gemm_impl_from_env(const char* value);
 
+// MOE_SM90_WGRAD (see GemmOptions::sm90_wgrad), read when options are made.
+bool sm90_wgrad_from_env();
+
 struct GemmOptions {
   GemmImpl impl = default_gemm_impl();
   bool poison = false;        // fill every output with 0xFF bytes (NaN) before the launch (tests)
@@ -123,6 +126,10 @@ struct GemmOptions {
   int streams = 0;            // streams, chunked: forked streams (0: 8; at most 32)
   bool batched_wgrad = true;  // chunked: small groups' wgrad as padded batched calls (else as
                               // `streams`)
+  // sm90: wgrad on our own kernel too (sm90::ColGroupedProduct), else as chunked. Off by default:
+  // slower than cuBLAS on the bench shapes (docs/perf.md, session 13). MOE_SM90_WGRAD=kernel
+  // turns it on, =cublas or unset leaves it off; anything else throws naming the variable.
+  bool sm90_wgrad = sm90_wgrad_from_env();
 };
 
 // Host copy of the group sizes, checked as SPEC §10.1 asks (every size >= 0, sum <= rows; a

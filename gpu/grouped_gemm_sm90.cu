@@ -38,6 +38,13 @@ constexpr int kSchedReaders = kCluster * (kThreads - 128) + (kCluster - 1);
 // Stages, then the full / empty barriers of the stages and of the schedule ring, then its slots.
 constexpr int kSmemBytes =
     kStages * kStageBytes + 1024 /* alignment */ + (2 * kStages + 2 * kSched) * 8 + kSched * 4;
+// wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp at kStageOutAt
+// from the aligned base, past the stages, barriers and slots.
+constexpr int kStageOutBytes = 2048, kStageOutAt = kStages * kStageBytes + 128;
+static_assert((2 * kStages + 2 * kSched) * 8 + kSched * 4 <= 128, "barriers and slots");
+constexpr int kSmemBytesW =
+    kStageOutAt + 1024 /* alignment */ + (kThreads - 128) / 32 * kStageOutBytes;
+static_assert(kSmemBytesW <= 227 * 1024, "shared memory");
 static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
 
 struct KParams {
@@ -85,18 +92,23 @@ struct Tile {
 // re-read: by columns, every column tile would stream the whole row operand from DRAM again; by
 // bands, a band's rows are read once while the group's weight (every column) stays in L2. Must
 // match tiles_of_group().
-__device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
-  int lo = 0, hi = p.groups;  // first j in [0, G] with tile_start[j] > t, minus one
+// The group of table entry t: the last g with tile_start[g] <= t (empty groups have no entries).
+__device__ __forceinline__ int group_of(const int32_t* tile_start, int groups, int t) {
+  int lo = 0, hi = groups;  // first j in [0, G] with tile_start[j] > t, minus one
   while (lo < hi) {
     const int mid = (lo + hi) >> 1;
-    if (__ldg(p.tile_start + mid) > t) {
+    if (__ldg(tile_start + mid) > t) {
       hi = mid;
     } else {
       lo = mid + 1;
     }
   }
+  return lo - 1;
+}
+
+__device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   Tile tl;
-  tl.g = lo - 1;
+  tl.g = group_of(p.tile_start, p.groups, t);
   const int64_t off = __ldg(p.offsets + tl.g);
   tl.row_end = __ldg(p.offsets + tl.g + 1);
   const int m_tiles = static_cast<int>((tl.row_end - off + kBM - 1) / kBM);
@@ -133,6 +145,47 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
     tl.row0 = off + static_cast<int64_t>(m_tiles - 1) * kBM;
     tl.n0 = (2 * q + static_cast<int>(rank)) * kBN;  // may be >= Nc: then it stores nothing
   }
+  return tl;
+}
+
+// wgrad (ColGroupedProduct): c[g] (=|+=) a_g^T . b_g, the reduction over the group's rows. A
+// cluster's entry is a pair of output tiles of c[g] in adjacent row tiles (an "i-pair", rows
+// [256 q, 256 q + 256) of c[g]) and one column tile: the pair shares b_g's column tile (each CTA
+// loads half of it, multicast to both) and each CTA loads its own 128 columns of a_g.
+struct WParams {
+  const int64_t* offsets;
+  // The groups with rows, in order; each has per_group = m_pairs * n_tiles entries, so an entry's
+  // group is one load away (a binary search over tile_start, as the forward does, costs a chain of
+  // dependent loads per tile, and wgrad's tiles are short: ~4 k-blocks on the DeepSeek shape).
+  const int32_t* group_ids;
+  int32_t* tile_counter;  // as in KParams
+  bool dynamic;
+  int tiles, per_group, n_tiles, m_pairs;
+  // Order of a group's entries: i-pairs inner (column tile by column tile) or column tiles inner.
+  // A group whose operands outgrow L2 is streamed once per wave of concurrent entries; a wave
+  // spans all of the inner dimension, so the inner one should be the shorter (see launch).
+  bool pairs_inner;
+  int64_t mc, nc;  // c[g] is [mc, nc]: a is [rows, mc], b [rows, nc]
+  void* c;
+  bool accumulate;
+};
+
+struct WTile {
+  int g;
+  int64_t off, end;  // the group's rows: the reduction
+  int i0, n0;        // this CTA's tile: rows [i0, i0 + 128) and columns [n0, n0 + 256) of c[g]
+};
+
+__device__ __forceinline__ WTile decode_w(const WParams& p, int t, uint32_t rank) {
+  WTile tl;
+  const int k = t / p.per_group, local = t - k * p.per_group;
+  tl.g = __ldg(p.group_ids + k);
+  tl.off = __ldg(p.offsets + tl.g);
+  tl.end = __ldg(p.offsets + tl.g + 1);
+  const int q = p.pairs_inner ? local % p.m_pairs : local / p.n_tiles;
+  const int j = p.pairs_inner ? local / p.m_pairs : local % p.n_tiles;
+  tl.i0 = (kCluster * q + static_cast<int>(rank)) * kBM;
+  tl.n0 = j * kBN;
   return tl;
 }
 
@@ -193,13 +246,13 @@ __device__ __forceinline__ void mbar_wait_acquire_cluster(uint64_t* bar, uint32_
 // past the table: p.tiles, which ends every loop) and hands it to every reader through ring use
 // u: once all readers have released use u - kSched of the slot, write it in each CTA, then signal
 // each CTA's sched_full.
-__device__ __forceinline__ int sched_draw(const KParams& p, uint64_t* sched_full,
+__device__ __forceinline__ int sched_draw(int32_t* counter, int tiles, uint64_t* sched_full,
                                           uint64_t* sched_empty, int32_t* slot, uint32_t u,
                                           int clusters) {
   const uint32_t j = u % kSched;
   mbar_wait_acquire_cluster(&sched_empty[j], ((u / kSched) & 1) ^ 1);
-  const int64_t next = static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters;
-  const int t = next < p.tiles ? static_cast<int>(next) : p.tiles;
+  const int64_t next = static_cast<int64_t>(atomicAdd(counter, 1)) + clusters;
+  const int t = next < tiles ? static_cast<int>(next) : tiles;
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_addr(&slot[j])), "r"(t) : "memory");
   for (uint32_t c = 1; c < kCluster; ++c) {
     uint32_t remote;
@@ -315,42 +368,106 @@ __device__ __forceinline__ void store2(TC* p, float v0, float v1) {
 
 struct NoBias {};
 
-// Stores one consumer warpgroup's 64 x 256 accumulator fragment: c = rnd(acc (+ bias) (+ c)),
-// one rounding of the fp32 sum, rows past the group's end and columns past Nc skipped. Fragment
-// layout of m64nNk16 (fp32): acc[4j + 2h + e] is row 16 warp + lane / 4 + 8 h, column
-// 8 j + 2 (lane % 4) + e. The bias type and accumulate are template parameters so the loop has
-// no branches but the bounds.
+// Stores one consumer warpgroup's 64 x 256 accumulator block at c (the block's element (0, 0),
+// rows ldc elements apart): c = rnd(acc (+ bias) (+ c)), one rounding of the fp32 sum, only the
+// first `rows` rows and `cols` columns. Fragment layout of m64nNk16 (fp32): acc[4j + 2h + e] is
+// row 16 warp + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e. The bias type and accumulate are
+// template parameters so the loop has no branches but the bounds.
 template <class TC, class TB, bool kAccumulate>
-__device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
-                                               const float (&acc)[128]) {
+__device__ __forceinline__ void store_block(TC* c, int64_t ldc, int rows, int cols,
+                                            [[maybe_unused]] const TB* bias,
+                                            const float (&acc)[128]) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-  const int64_t col0 = tl.n0 + 2 * (lane % 4);
-  const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
+  const int col0 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t r = tl.row0 + cw * 64 + warp * 16 + lane / 4 + 8 * h;
-    if (r >= tl.row_end) continue;
-    TC* c = static_cast<TC*>(p.c) + r * p.nc + col0;
-    [[maybe_unused]] const TB* b = nullptr;
-    if constexpr (!std::is_same_v<TB, NoBias>)
-      b = static_cast<const TB*>(p.bias) + tl.g * p.nc + col0;
+    const int r = warp * 16 + lane / 4 + 8 * h;
+    if (r >= rows) continue;
+    TC* cr = c + r * ldc + col0;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-      if (j * 8 + 2 * (lane % 4) >= cols) break;
+      if (j * 8 + col0 >= cols) break;
       float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
       if constexpr (!std::is_same_v<TB, NoBias>) {
-        const float2 bv = load2(b + j * 8);
+        const float2 bv = load2(bias + col0 + j * 8);
         v0 += bv.x;
         v1 += bv.y;
       }
       if constexpr (kAccumulate) {
-        const float2 o = load2(c + j * 8);
+        const float2 o = load2(cr + j * 8);
         v0 += o.x;
         v1 += o.y;
       }
-      store2(c + j * 8, v0, v1);
+      store2(cr + j * 8, v0, v1);
     }
   }
+}
+
+// store_block without bias or accumulation, through shared memory: wgrad writes a 128 x 256 tile
+// for every ~256 rows of reduction, and store_block's 16-byte row pieces cost one L2 request each
+// (ncu, DeepSeek-like wgrad: 456 M write requests for 7.5 GB, 12.2 ms). Each warp stages its 16
+// rows one 128-byte column chunk at a time in its own 2 KiB (buf), then writes whole 128-byte row
+// chunks. The staged words are swizzled (word ^ 4 (row % 8)) so the fragment's writes, eight rows
+// to the same columns, fall in distinct banks. Same values as store_block: one rounding of acc.
+template <class TC>
+__device__ __forceinline__ void store_block_staged(TC* c, int64_t ldc, int rows, int cols,
+                                                   uint8_t* buf, const float (&acc)[128]) {
+  constexpr int kCols = 128 / static_cast<int>(sizeof(TC));  // columns per chunk: 64 or 32
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  uint32_t* words = reinterpret_cast<uint32_t*>(buf);
+  TC* cw = c + static_cast<int64_t>(warp) * 16 * ldc;
+  const int wrows = min(16, rows - warp * 16);
+#pragma unroll
+  for (int q = 0; q < kBN / kCols; ++q) {
+    if (q * kCols >= cols) break;
+      // Fragment -> buf: row lane / 4 + 8 h, columns 8 jj + 2 (lane % 4) + e of the chunk.
+#pragma unroll
+    for (int jj = 0; jj < kCols / 8; ++jj) {
+      const int j = q * (kCols / 8) + jj;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = lane / 4 + 8 * h;
+        const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (std::is_same_v<TC, float>) {
+          const int w = (8 * jj + 2 * (lane % 4)) ^ (4 * (r % 8));  // two words: v0, v1
+          *reinterpret_cast<float2*>(words + r * 32 + w) = make_float2(v0, v1);
+        } else {
+          const int w = (4 * jj + lane % 4) ^ (4 * (r % 8));
+          TC pair[2];
+          store2(pair, v0, v1);
+          words[r * 32 + w] = *reinterpret_cast<const uint32_t*>(pair);
+        }
+      }
+    }
+    __syncwarp();
+    // buf -> c: 16 bytes a lane, 8 lanes a 128-byte row chunk, 4 rows an instruction.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 4 * i + lane / 8, m = lane % 8;
+      const int col = q * kCols + m * (16 / static_cast<int>(sizeof(TC)));
+      if (r < wrows && col < cols) {
+        const uint4 v = *reinterpret_cast<const uint4*>(words + r * 32 + ((4 * m) ^ (4 * (r % 8))));
+        *reinterpret_cast<uint4*>(cw + r * ldc + col) = v;
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// The forward / dgrad tile's block of consumer warpgroup cw: rows past the group's end and
+// columns past Nc skipped.
+template <class TC, class TB, bool kAccumulate>
+__device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
+                                               const float (&acc)[128]) {
+  const int64_t r0 = tl.row0 + 64 * cw;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(64), tl.row_end - r0));
+  const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
+  if (rows <= 0 || cols <= 0) return;
+  const TB* b = nullptr;
+  if constexpr (!std::is_same_v<TB, NoBias>)
+    b = static_cast<const TB*>(p.bias) + tl.g * p.nc + tl.n0;
+  store_block<TC, TB, kAccumulate>(static_cast<TC*>(p.c) + r0 * p.nc + tl.n0, p.nc, rows, cols, b,
+                                   acc);
 }
 
 template <class TC, bool kAccumulate>
@@ -387,10 +504,100 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
         const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
         const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
                                      : make_desc(sb + kk * 2048, kChunkBytes, 1024);
-        wgmma_m64n256k16<T, kBKMajor ? 0 : 1>(acc, da, db);
+        wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, da, db);
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous k-block's products are done: release its stage
+    }
+    if (prev >= 0 && lane == 0)
+      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+    prev = s;
+  }
+  if constexpr (kActive) wgmma_wait<0>();
+  if (prev >= 0 && lane == 0)
+    for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+}
+
+// The shared-memory layout of both kernels: the stages, then the full / empty barriers of the
+// stages and of the schedule ring, then its slots.
+struct Pipe {
+  uint8_t* smem;
+  uint64_t *full, *empty, *sched_full, *sched_empty;  // sched_empty: only rank 0's are used
+  int32_t* sched_slot;
+};
+
+// Lays out and initialises the pipeline of this CTA; the caller syncs the cluster before use.
+__device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw) {
+  Pipe q;
+  // 128-byte swizzled TMA boxes need 1024-byte aligned destinations. The offset is the same in
+  // both CTAs of the cluster (same kernel, same shared-memory layout), as multicast needs.
+  q.smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                      ~static_cast<uintptr_t>(1023));
+  q.full = reinterpret_cast<uint64_t*>(q.smem + kStages * kStageBytes);
+  q.empty = q.full + kStages;
+  q.sched_full = q.empty + kStages;
+  q.sched_empty = q.sched_full + kSched;
+  q.sched_slot = reinterpret_cast<int32_t*>(q.sched_empty + kSched);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&q.full[s], 1);
+      // A stage is free once every consumer warp of BOTH CTAs has read it: the peer's multicast
+      // writes this CTA's copy of the shared operand tile.
+      mbar_init(&q.empty[s], kCluster * 8);
+    }
+    for (int j = 0; j < kSched; ++j) {
+      mbar_init(&q.sched_full[j], 1);
+      mbar_init(&q.sched_empty[j], kSchedReaders);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  return q;
+}
+
+// wgrad: zeroes rows [v, kBK) of every 64-row box of a stage (a_g's two boxes, b_g's four): the
+// reduction rows past the group's end, which TMA loaded from the next group (a zero in one operand
+// alone would not do: 0 * inf is NaN). A row of a 128-byte swizzled box is one 128-byte line (the
+// swizzle permutes 16-byte chunks within it), so whole lines are zeroed. Both consumer
+// warpgroups share the work and meet at named barrier 1, after the proxy fence that makes the
+// writes visible to wgmma. (A zeroing warp of the producer warpgroup instead, with a ready
+// barrier per stage, was slower: 7.94 against 6.82 ms on the DeepSeek-like wgrad.)
+__device__ __forceinline__ void zero_rows_past(uint8_t* stage, int v) {
+  const int per_box = (kBK - v) * 8, n = (kStageBytes / kChunkBytes) * per_box;
+  for (int i = static_cast<int>(threadIdx.x) - 128; i < n; i += kThreads - 128) {
+    const int box = i / per_box, rem = i - box * per_box;
+    *reinterpret_cast<uint4*>(stage + box * kChunkBytes + (v + rem / 8) * 128 + rem % 8 * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads - 128) : "memory");
+}
+
+// One wgrad tile's main loop for one consumer warpgroup (see consume_tile): k_blocks blocks of
+// 64 rows of the group, the last with `tail` rows inside it. Stage: a_g's columns [i0, i0 + 64)
+// and [i0 + 64, i0 + 128) (one box per warpgroup), then b_g's four 64-column boxes; both
+// operands MN-major.
+template <class T, bool kActive>
+__device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                               int cw, int k_blocks, int tail, int& it,
+                                               float (&acc)[128]) {
+  const int lane = threadIdx.x % 32;
+  int prev = -1;
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const int s = it % kStages;
+    mbar_wait(&full[s], (it / kStages) & 1);
+    uint8_t* stage = smem + s * kStageBytes;
+    if (kb == k_blocks - 1 && tail < kBK) zero_rows_past(stage, tail);
+    if constexpr (kActive) {
+      const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
+        const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
+        wgmma_m64n256k16<T, 1, 1>(acc, da, db);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
     }
     if (prev >= 0 && lane == 0)
       for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
@@ -410,29 +617,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap tm_b, const KParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
-  // 128-byte swizzled TMA boxes need 1024-byte aligned destinations. The offset is the same in
-  // both CTAs of the cluster (same kernel, same shared-memory layout), as multicast needs.
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
-  uint64_t* empty = full + kStages;
-  uint64_t* sched_full = empty + kStages;
-  uint64_t* sched_empty = sched_full + kSched;  // only rank 0's are used
-  int32_t* sched_slot = reinterpret_cast<int32_t*>(sched_empty + kSched);
+  const Pipe pipe = init_pipe(smem_raw);
+  uint8_t* smem = pipe.smem;
+  uint64_t *full = pipe.full, *empty = pipe.empty;
+  uint64_t *sched_full = pipe.sched_full, *sched_empty = pipe.sched_empty;
+  int32_t* sched_slot = pipe.sched_slot;
   const uint32_t rank = cluster_rank();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      // A stage is free once every consumer warp of BOTH CTAs has read it: the peer's multicast
-      // writes this CTA's copy of the weight tile.
-      mbar_init(&empty[s], kCluster * 8);
-    }
-    for (int j = 0; j < kSched; ++j) {
-      mbar_init(&sched_full[j], 1);
-      mbar_init(&sched_empty[j], kSchedReaders);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
   cluster_sync();
   const int wg = threadIdx.x / 128;
   const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
@@ -505,7 +695,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           t += clusters;
         } else if (rank == 0) {
           // Drawn once this tile's loads are issued: they land meanwhile.
-          t = sched_draw(p, sched_full, sched_empty, sched_slot, u++, clusters);
+          t = sched_draw(p.tile_counter, p.tiles, sched_full, sched_empty, sched_slot, u++,
+                         clusters);
         } else {
           t = sched_take(sched_full, sched_empty, sched_slot, u++, rank);
         }
@@ -547,6 +738,101 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// wgrad kernel: the forward's pipeline and schedule; a table entry is an i-pair of c[g]'s row
+// tiles in one column tile (decode_w), its k-loop the group's rows.
+template <class T, class TC>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+    grouped_cols_kernel(const __grid_constant__ CUtensorMap tm_a,
+                        const __grid_constant__ CUtensorMap tm_b, const WParams p) {
+#ifdef MOE_SM90_KERNEL
+  extern __shared__ uint8_t smem_raw[];
+  const Pipe pipe = init_pipe(smem_raw);
+  const uint32_t rank = cluster_rank();
+  cluster_sync();
+  const int wg = threadIdx.x / 128;
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x == 0) {
+      int it = 0;
+      uint32_t u = 0;
+      for (int t = cluster_id; t < p.tiles;) {
+        const WTile tl = decode_w(p, t, rank);
+        // The next entry is drawn before this tile's loads, not after as in the forward: a tile
+        // here is a few k-blocks, and the draw (a global atomic) and the next decode would
+        // otherwise delay the next tile's first loads.
+        int next;
+        if (!p.dynamic) {
+          next = t + clusters;
+        } else if (rank == 0) {
+          next = sched_draw(p.tile_counter, p.tiles, pipe.sched_full, pipe.sched_empty,
+                            pipe.sched_slot, u++, clusters);
+        } else {
+          next = sched_take(pipe.sched_full, pipe.sched_empty, pipe.sched_slot, u++, rank);
+        }
+        const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
+        // b_g's boxes with columns below Nc (the rest of the stage is not loaded: its columns are
+        // not stored). A box of a_g past Mc (an odd row-tile count leaves a CTA of the last pair,
+        // or its second warpgroup, without rows) loads column 0 instead: never stored either.
+        const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (p.nc - tl.n0 + 63) / 64));
+        const uint32_t bytes = kABytes + boxes * kChunkBytes;
+        const int i0 = tl.i0 < p.mc ? tl.i0 : 0, i1 = tl.i0 + 64 < p.mc ? tl.i0 + 64 : 0;
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int s = it % kStages;
+          mbar_wait(&pipe.empty[s], ((it / kStages) & 1) ^ 1);
+          uint8_t* sa = pipe.smem + s * kStageBytes;
+          uint8_t* sb = sa + kABytes;
+          mbar_arrive_expect_tx(&pipe.full[s], bytes);
+          // Rows past the tensor's end are zero-filled by TMA; those of the next group are
+          // zeroed by the consumers (zero_rows_past).
+          const int r = static_cast<int>(tl.off) + kb * kBK;
+          const uint64_t pol = l2_policy(0);
+          tma_load_2d(sa, &tm_a, &pipe.full[s], i0, r, pol);
+          tma_load_2d(sa + kChunkBytes, &tm_a, &pipe.full[s], i1, r, pol);
+          for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
+            tma_load_2d_multicast(sb + j * kChunkBytes, &tm_b, &pipe.full[s], tl.n0 + 64 * j, r,
+                                  pol);
+        }
+        t = next;
+      }
+    }
+    __syncwarp();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1;  // consumer warpgroup: rows [i0 + 64 cw, i0 + 64 cw + 64) of c[g]
+    // This warp's staging buffer for the epilogue.
+    uint8_t* stage_out = pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
+    float acc[128];
+    int it = 0;
+    uint32_t u = 0;
+    for (int t = cluster_id; t < p.tiles;) {
+      const WTile tl = decode_w(p, t, rank);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+      const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
+      const int tail = static_cast<int>(tl.end - tl.off) - (k_blocks - 1) * kBK;
+      const int64_t i = tl.i0 + 64 * cw;
+      if (i < p.mc) {
+        consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, tail, it, acc);
+        const int rows = static_cast<int>(min(static_cast<int64_t>(64), p.mc - i));
+        const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
+        TC* c = static_cast<TC*>(p.c) + (tl.g * p.mc + i) * p.nc + tl.n0;
+        if (p.accumulate) {
+          store_block<TC, NoBias, true>(c, p.nc, rows, cols, nullptr, acc);
+        } else {
+          store_block_staged<TC>(c, p.nc, rows, cols, stage_out, acc);
+        }
+      } else {
+        consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, tail, it, acc);
+      }
+      t = p.dynamic ? sched_take(pipe.sched_full, pipe.sched_empty, pipe.sched_slot, u++, rank)
+                    : t + clusters;
+    }
+  }
+  cluster_sync();  // as in grouped_rows_kernel
+#endif
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
@@ -579,6 +865,23 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// As many clusters as fit on the device at once (the GPCs' SM counts decide), at most one per
+// table entry; 66 on an H100 SXM. Each launcher measures it once for its kernel (one device type
+// per process here). Benchmark knobs: MOE_SM90_CLUSTERS=n forces n (above the co-resident count
+// the persistent grid runs in waves), MOE_SM90_VERBOSE=1 prints the count.
+int cluster_count(const void* kernel, int smem_bytes) {
+  int n = 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kCluster * 1024);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem_bytes;
+  MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  if (n < 1) throw std::runtime_error("sm90 grouped GEMM: no cluster fits the device");
+  if (const char* e = std::getenv("MOE_SM90_CLUSTERS"); e && *e) n = std::max(1, std::atoi(e));
+  if (std::getenv("MOE_SM90_VERBOSE")) std::fprintf(stderr, "sm90: %d clusters\n", n);
+  return n;
+}
+
 template <class T, bool kBKMajor, class TC>
 void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
   auto kernel = grouped_rows_kernel<T, kBKMajor, TC>;
@@ -608,24 +911,31 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
     const cuuint32_t box[3] = {64, kBK, 1};
     tm_b = make_map(p.ab, p.b, 3, dims, strides, box);
   }
-  // As many clusters as fit on the device at once (the GPCs' SM counts decide), at most one per
-  // tile pair; 66 on an H100 SXM. Measured once per instantiation (one device type per process
-  // here). Benchmark knobs: MOE_SM90_CLUSTERS=n forces n (above the co-resident count the
-  // persistent grid runs in waves), MOE_SM90_VERBOSE=1 prints the count.
-  static int max_clusters = 0;
-  if (max_clusters == 0) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kCluster * 1024);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSmemBytes;
-    MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg));
-    if (max_clusters < 1) throw std::runtime_error("sm90 grouped GEMM: no cluster fits the device");
-    if (const char* e = std::getenv("MOE_SM90_CLUSTERS"); e && *e)
-      max_clusters = std::max(1, std::atoi(e));
-    if (std::getenv("MOE_SM90_VERBOSE")) std::fprintf(stderr, "sm90: %d clusters\n", max_clusters);
-  }
+  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmemBytes);
   const int grid = kCluster * std::min(p.tiles, max_clusters);
   kernel<<<grid, kThreads, kSmemBytes, s>>>(tm_a, tm_a64, tm_b, kp);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T, class TC>
+void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) {
+  auto kernel = grouped_cols_kernel<T, TC>;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    MOE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesW));
+  });
+  // a [rows, mc] and b [rows, nc]: boxes of 64 columns x 64 rows (kChunkBytes), MN-major operands.
+  const cuuint32_t box[2] = {64, kBK};
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(p.mc), static_cast<cuuint64_t>(p.rows)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p.mc) * 2};
+  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.rows)};
+  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(p.nc) * 2};
+  const CUtensorMap tm_a = make_map(p.ab, p.a, 2, a_dims, a_strides, box);
+  const CUtensorMap tm_b = make_map(p.ab, p.b, 2, b_dims, b_strides, box);
+  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmemBytesW);
+  const int grid = kCluster * std::min(p.tiles, max_clusters);
+  kernel<<<grid, kThreads, kSmemBytesW, s>>>(tm_a, tm_b, kp);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -775,6 +1085,56 @@ void launch(const RowGroupedProduct& p, Stream s) {
       c32 ? launch_typed<__nv_bfloat16, false, float>(p, kp, s)
           : launch_typed<__nv_bfloat16, false, __nv_bfloat16>(p, kp, s);
     }
+  }
+}
+
+int64_t col_tiles_of_group(int64_t n_g, int64_t mc, int64_t nc) {
+  if (n_g <= 0) return 0;
+  const int64_t m_tiles = (mc + kBM - 1) / kBM, n_tiles = (nc + kBN - 1) / kBN;
+  return (m_tiles + 1) / 2 * n_tiles;
+}
+
+bool supported(const ColGroupedProduct& p) {
+  if (p.ab != DType::bf16 && p.ab != DType::f16) return false;
+  if (p.c_type != p.ab && p.c_type != DType::f32) return false;
+  if (p.mc <= 0 || p.nc <= 0 || p.mc % 8 != 0 || p.nc % 8 != 0) return false;
+  if (p.rows <= 0 || p.rows > INT_MAX || p.mc > INT_MAX || p.nc > INT_MAX || p.groups > INT_MAX)
+    return false;
+  if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.c)) return false;
+  return available();
+}
+
+void launch(const ColGroupedProduct& p, Stream s) {
+  if (p.tiles <= 0) return;
+  if (!supported(p)) throw std::invalid_argument("sm90 grouped GEMM: unsupported wgrad product");
+  WParams kp{};
+  kp.offsets = p.offsets;
+  kp.group_ids = p.group_ids;
+  kp.tile_counter = p.tile_counter;
+  kp.dynamic = p.tile_counter != nullptr;
+  kp.tiles = p.tiles;
+  kp.n_tiles = static_cast<int>((p.nc + kBN - 1) / kBN);
+  kp.m_pairs = static_cast<int>(((p.mc + kBM - 1) / kBM + 1) / 2);
+  kp.per_group = kp.m_pairs * kp.n_tiles;
+  if (p.tiles % kp.per_group != 0)
+    throw std::invalid_argument("sm90 grouped GEMM: wgrad tiles not a multiple of the group's");
+  // A wave of concurrent entries of a group larger than L2 streams the group's rows of a_g for
+  // the wave's pairs and of b_g for its column tiles; over the group, the inner dimension is
+  // covered by every wave and the outer one once. With P pairs, J column tiles and W entries a
+  // wave, pairs inner streams about P^2 J / W + J tile-columns, columns inner P J^2 / W + P: the
+  // shorter dimension goes inner (DeepSeek-like, 28 pairs x 8 columns: columns inner; Mixtral-like,
+  // 16 x 56: pairs inner).
+  kp.pairs_inner = kp.m_pairs <= kp.n_tiles;
+  kp.mc = p.mc;
+  kp.nc = p.nc;
+  kp.c = p.c;
+  kp.accumulate = p.accumulate;
+  const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
+  if (f16) {
+    c32 ? launch_cols_typed<__half, float>(p, kp, s) : launch_cols_typed<__half, __half>(p, kp, s);
+  } else {
+    c32 ? launch_cols_typed<__nv_bfloat16, float>(p, kp, s)
+        : launch_cols_typed<__nv_bfloat16, __nv_bfloat16>(p, kp, s);
   }
 }
 

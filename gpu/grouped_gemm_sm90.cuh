@@ -101,4 +101,36 @@ bool supported(const RowGroupedProduct& p);
 int64_t tiles_of_group(int64_t n_g, int64_t nc);
 void launch(const RowGroupedProduct& p, Stream s);
 
+// One column-grouped product (grouped_gemm's wgrad), all pointers on the device:
+//   c[g] (=|+=) a_g^T . b_g for every group g with rows, where a_g = a[o_g : o_g + n_g, :] and
+//   b_g likewise: the reduction runs over the group's rows. Groups without rows get no entries
+//   (their c[g] untouched: the caller zeroes them).
+// Kernel (grouped_cols_kernel): the forward's pipeline, schedule and clusters; each cluster
+// computes two 128 x 256 tiles of c[g] in adjacent row tiles that share b_g's column tile, over
+// blocks of 64 of the group's rows. Rows of a block past the group's end (TMA loads the next
+// group's) are zeroed in shared memory before the products. Bitwise deterministic like the
+// forward.
+struct ColGroupedProduct {
+  DType ab = DType::bf16;   // bf16 or f16
+  const void* a = nullptr;  // [rows, mc]
+  const void* b = nullptr;  // [rows, nc]
+  int64_t rows = 0, mc = 0, nc = 0, groups = 0;
+  DType c_type = DType::bf16;  // ab or f32
+  void* c = nullptr;           // [G, mc, nc]
+  bool accumulate = false;
+  const int64_t* offsets = nullptr;    // [G + 1] group row offsets (device)
+  const int32_t* group_ids = nullptr;  // the groups with rows, in order (device)
+  // Sum of col_tiles_of_group: the number of groups with rows times the entries of one.
+  int32_t tiles = 0;
+  int32_t* tile_counter = nullptr;  // as in RowGroupedProduct
+};
+
+// Whether launch() takes the product: available(), 16-bit operands, mc and nc multiples of 8,
+// 16-byte aligned a, b and c, rows and sizes in range.
+bool supported(const ColGroupedProduct& p);
+// Entries of the wgrad table for a group of n_g rows: 0 when empty, else
+// ceil(ceil(mc / kTileRows) / 2) * ceil(nc / kTileCols).
+int64_t col_tiles_of_group(int64_t n_g, int64_t mc, int64_t nc);
+void launch(const ColGroupedProduct& p, Stream s);
+
 }  // namespace moe::gpu::sm90

@@ -49,8 +49,8 @@ __device__ __forceinline__ void two_passes(float (&acc)[128], uint32_t sa, uint3
   for (int pass = 0; pass < 2; ++pass) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_m64n256k16<__nv_bfloat16, 0>(acc, make_desc(sa + kk * 32, 16, 1024),
-                                         make_desc(sb + kk * 32, 16, 1024));
+      wgmma_m64n256k16<__nv_bfloat16, 0, 0>(acc, make_desc(sa + kk * 32, 16, 1024),
+                                            make_desc(sb + kk * 32, 16, 1024));
   }
   wgmma_commit();
 }

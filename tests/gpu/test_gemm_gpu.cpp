@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -836,6 +837,10 @@ std::vector<BenchImpl> bench_impls() {
     v.push_back({n, o});
   }
   gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.sm90_wgrad = true;
+  v.push_back({"sm90w", o});  // sm90 with wgrad on its own kernel too (opt-in)
+  o = gpu::GemmOptions{};
   o.impl = gpu::GemmImpl::streams;
   o.streams = 16;
   v.push_back({"streams16", o});
@@ -1035,6 +1040,87 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   } else {
     unsetenv("MOE_SM90_BAND");
   }
+}
+
+// The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
+// end inside a 64-row block (1, 63, 65, 130, 200, 257, 300) or on one (64, 128), so most last
+// blocks hold rows of the next group, which the kernel must zero in both operands; the last
+// group's block runs into the tail rows, set to inf in x and grad_out (they belong to no group: a
+// kernel that zeroed one operand only, or none, turns the last group's gradient into NaN or
+// garbage). K = 328 gives 3 row tiles of c (an i-pair whose second CTA has no rows, a tile whose
+// second warpgroup has 8), N = 520 a column tile of 8 columns (one box of b). Every element of
+// grad_w is checked against its fp64 sum, as bf16 (grouped_gemm_bwd) and as fp32 (the product
+// with an fp32 output, the staged epilogue's other path); the empty group is exactly zero
+// (poisoned first), and two runs are bitwise equal. The kernel is opt-in (GemmOptions::sm90_wgrad).
+TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
+  MOE_SKIP_WITHOUT_SM90();
+  const std::vector<int64_t> sizes = {1, 63, 64, 65, 0, 128, 200, 257, 300, 130};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  auto with_inf_tail = [&](const gpu::DeviceTensor& t) {
+    Tensor h = t.download();
+    const int64_t cols = t.dim(1);
+    for (int64_t i = used * cols; i < R * cols; ++i)
+      h.set(i, std::numeric_limits<double>::infinity());
+    return gpu::DeviceTensor::upload(h);
+  };
+  const gpu::DeviceTensor x = with_inf_tail(filled({R, K}, kSeedX)), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = with_inf_tail(filled({R, N}, kSeedCt));
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.poison = true;
+  o.sm90_wgrad = true;
+  auto run = [&] {
+    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
+                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+    const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+    gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
+    EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2) << "dgrad and wgrad on the kernel";
+    return grads.grad_w.download();
+  };
+  const Tensor gw = run();
+  gpu::DeviceTensor gw32(DType::f32, {G, K, N});
+  gpu::gemm_detail::poison(gw32, nullptr);
+  gpu::gemm_detail::zero_empty_groups(plan, gw32.data(), K * N, 4, nullptr);
+  const int64_t before32 = gpu::gemm_detail::sm90_kernel_calls();
+  gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, plan, DType::bf16, x.data(), ct.data(),
+                                    DType::f32, gw32.data(), K, N, false, nullptr, o);
+  EXPECT_EQ(gpu::gemm_detail::sm90_kernel_calls() - before32, 1) << "fp32 wgrad on the kernel";
+  const Tensor gw_f32 = gw32.download();
+  Sampler s{plan, K, N, {}};
+  std::vector<double> xs(static_cast<size_t>(used * K)), cs(static_cast<size_t>(used * N));
+  for (int64_t i = 0; i < used * K; ++i) xs[i] = hv(kSeedX, i);
+  for (int64_t i = 0; i < used * N; ++i) cs[i] = hv(kSeedCt, i);
+  std::vector<double> want(static_cast<size_t>(K * N)), abs(want.size());
+  for (int64_t g = 0; g < G; ++g) {
+    std::fill(want.begin(), want.end(), 0.0);
+    std::fill(abs.begin(), abs.end(), 0.0);
+    for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
+      for (int64_t k = 0; k < K; ++k) {
+        const double xv = xs[r * K + k];
+        for (int64_t n = 0; n < N; ++n) {
+          const double p = xv * cs[r * N + n];
+          want[k * N + n] += p;
+          abs[k * N + n] += std::fabs(p);
+        }
+      }
+    }
+    for (int64_t i = 0; i < K * N; ++i) {
+      const double got = gw.at(g * K * N + i), got32 = gw_f32.at(g * K * N + i);
+      if (sizes[g] == 0) {
+        if (!(got == 0.0 && got32 == 0.0))
+          s.bad.push_back("grad_w of the empty group " + std::to_string(g));
+        continue;
+      }
+      s.check("grad_w", g * K * N + i, got, round_to(DType::bf16, want[i]), sizes[g], abs[i]);
+      s.check("grad_w fp32", g * K * N + i, got32, round_to(DType::f32, want[i]), sizes[g], abs[i]);
+    }
+  }
+  EXPECT_TRUE(s.bad.empty()) << s.bad.size()
+                             << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
+  EXPECT_TRUE(gw.bitwise_equal(run())) << "two runs differ";
 }
 
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
