@@ -850,32 +850,45 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   // Both throw on a bad MOE_SM90_SCHED / MOE_SM90_BAND: before anything is issued.
   const bool dynamic = sm90::dynamic_schedule();
   p.band = sm90::band_setting();
-  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8.
+  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8;
+  // wgrad: then per launch the TMA descriptors of its groups with rows (a's, then b's).
+  std::vector<int32_t> ids;
+  for (int64_t g = 0; wgrad && g < G; ++g)
+    if (plan.sizes[g] > 0) ids.push_back(static_cast<int32_t>(g));
+  const int n_ids = static_cast<int>(ids.size());
   const size_t off_bytes = static_cast<size_t>(G + 1) * sizeof(int64_t);
   const size_t cnt_at = off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t);
-  const size_t bytes = (cnt_at + bc.size() * sizeof(int32_t) + 7) / 8 * 8;
+  const size_t maps_at = (cnt_at + bc.size() * sizeof(int32_t) + sm90::kMapBytes - 1) /
+                         sm90::kMapBytes * sm90::kMapBytes;
+  const size_t maps_per_launch = 2 * static_cast<size_t>(n_ids) * sm90::kMapBytes;
+  const size_t bytes = wgrad ? maps_at + bc.size() * maps_per_launch
+                             : (cnt_at + bc.size() * sizeof(int32_t) + 7) / 8 * 8;
   UploadSlot& slot = acquire_upload(bytes);
   auto* h_off = reinterpret_cast<int64_t*>(slot.host);
   auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
   // wgrad's slot of the tile table holds the list of groups with rows instead (each has as many
   // entries); the rest of it stays zero.
-  int32_t with_rows = 0;
   for (int64_t g = 0; g <= G; ++g) {
     h_off[g] = plan.offsets[g];
-    h_tiles[g] = wgrad ? 0 : static_cast<int32_t>(tile_start[g]);
+    h_tiles[g] = wgrad ? (g < n_ids ? ids[g] : 0) : static_cast<int32_t>(tile_start[g]);
   }
-  for (int64_t g = 0; wgrad && g < G; ++g)
-    if (plan.sizes[g] > 0) h_tiles[with_rows++] = static_cast<int32_t>(g);
-  std::fill(slot.host + cnt_at, slot.host + bytes, char{0});
+  std::fill(slot.host + cnt_at, slot.host + (wgrad ? maps_at : bytes), char{0});
+  for (size_t i = 0; wgrad && i < bc.size(); ++i) {
+    w.b = bc[i].first;
+    sm90::encode_group_maps(w, plan.offsets.data(), ids.data(), n_ids,
+                            slot.host + maps_at + i * maps_per_launch);
+  }
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
   p.offsets = w.offsets = reinterpret_cast<const int64_t*>(slot.dev);
   p.tile_start = w.group_ids = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
   p.tiles = w.tiles = static_cast<int32_t>(tiles);
+  w.groups_with_rows = n_ids;
   auto* counters = reinterpret_cast<int32_t*>(slot.dev + cnt_at);
   for (size_t i = 0; i < bc.size(); ++i) {
     p.b = w.b = bc[i].first;
     p.c = w.c = bc[i].second;
     p.tile_counter = w.tile_counter = dynamic ? counters + i : nullptr;
+    w.maps = slot.dev + maps_at + i * maps_per_launch;
     if (wgrad) {
       sm90::launch(w, s);
     } else {

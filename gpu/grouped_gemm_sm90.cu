@@ -161,6 +161,9 @@ struct WParams {
   int32_t* tile_counter;  // as in KParams
   bool dynamic;
   int tiles, per_group, n_tiles, m_pairs;
+  // Per group of group_ids (n of them): a_g's descriptor, then (at maps + n) b_g's.
+  const CUtensorMap* maps;
+  int n;
   // Order of a group's entries: i-pairs inner (column tile by column tile) or column tiles inner.
   // A group whose operands outgrow L2 is streamed once per wave of concurrent entries; a wave
   // spans all of the inner dimension, so the inner one should be the shorter (see launch).
@@ -171,15 +174,16 @@ struct WParams {
 };
 
 struct WTile {
-  int g;
+  int k, g;          // group_ids[k] = g
   int64_t off, end;  // the group's rows: the reduction
   int i0, n0;        // this CTA's tile: rows [i0, i0 + 128) and columns [n0, n0 + 256) of c[g]
 };
 
 __device__ __forceinline__ WTile decode_w(const WParams& p, int t, uint32_t rank) {
   WTile tl;
-  const int k = t / p.per_group, local = t - k * p.per_group;
-  tl.g = __ldg(p.group_ids + k);
+  tl.k = t / p.per_group;
+  const int local = t - tl.k * p.per_group;
+  tl.g = __ldg(p.group_ids + tl.k);
   tl.off = __ldg(p.offsets + tl.g);
   tl.end = __ldg(p.offsets + tl.g + 1);
   const int q = p.pairs_inner ? local % p.m_pairs : local / p.n_tiles;
@@ -554,39 +558,19 @@ __device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw) {
   return q;
 }
 
-// wgrad: zeroes rows [v, kBK) of every 64-row box of a stage (a_g's two boxes, b_g's four): the
-// reduction rows past the group's end, which TMA loaded from the next group (a zero in one operand
-// alone would not do: 0 * inf is NaN). A row of a 128-byte swizzled box is one 128-byte line (the
-// swizzle permutes 16-byte chunks within it), so whole lines are zeroed. Both consumer
-// warpgroups share the work and meet at named barrier 1, after the proxy fence that makes the
-// writes visible to wgmma. (A zeroing warp of the producer warpgroup instead, with a ready
-// barrier per stage, was slower: 7.94 against 6.82 ms on the DeepSeek-like wgrad.)
-__device__ __forceinline__ void zero_rows_past(uint8_t* stage, int v) {
-  const int per_box = (kBK - v) * 8, n = (kStageBytes / kChunkBytes) * per_box;
-  for (int i = static_cast<int>(threadIdx.x) - 128; i < n; i += kThreads - 128) {
-    const int box = i / per_box, rem = i - box * per_box;
-    *reinterpret_cast<uint4*>(stage + box * kChunkBytes + (v + rem / 8) * 128 + rem % 8 * 16) =
-        make_uint4(0, 0, 0, 0);
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("bar.sync 1, %0;" ::"n"(kThreads - 128) : "memory");
-}
-
 // One wgrad tile's main loop for one consumer warpgroup (see consume_tile): k_blocks blocks of
-// 64 rows of the group, the last with `tail` rows inside it. Stage: a_g's columns [i0, i0 + 64)
+// 64 rows of the group (rows past its end zero-filled by TMA). Stage: a_g's columns [i0, i0 + 64)
 // and [i0 + 64, i0 + 128) (one box per warpgroup), then b_g's four 64-column boxes; both
 // operands MN-major.
 template <class T, bool kActive>
 __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                               int cw, int k_blocks, int tail, int& it,
-                                               float (&acc)[128]) {
+                                               int cw, int k_blocks, int& it, float (&acc)[128]) {
   const int lane = threadIdx.x % 32;
   int prev = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int s = it % kStages;
     mbar_wait(&full[s], (it / kStages) & 1);
     uint8_t* stage = smem + s * kStageBytes;
-    if (kb == k_blocks - 1 && tail < kBK) zero_rows_past(stage, tail);
     if constexpr (kActive) {
       const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
       wgmma_fence();
@@ -742,8 +726,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 // tiles in one column tile (decode_w), its k-loop the group's rows.
 template <class T, class TC>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
-    grouped_cols_kernel(const __grid_constant__ CUtensorMap tm_a,
-                        const __grid_constant__ CUtensorMap tm_b, const WParams p) {
+    grouped_cols_kernel(const __grid_constant__ WParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
   const Pipe pipe = init_pipe(smem_raw);
@@ -777,21 +760,25 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (p.nc - tl.n0 + 63) / 64));
         const uint32_t bytes = kABytes + boxes * kChunkBytes;
         const int i0 = tl.i0 < p.mc ? tl.i0 : 0, i1 = tl.i0 + 64 < p.mc ? tl.i0 + 64 : 0;
+        // The group's descriptors, written by the host before the launch (generic proxy):
+        // acquired for the tensormap proxy before TMA reads them.
+        const CUtensorMap* ma = p.maps + tl.k;
+        const CUtensorMap* mb = p.maps + p.n + tl.k;
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(ma) : "memory");
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(mb) : "memory");
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
           const int s = it % kStages;
           mbar_wait(&pipe.empty[s], ((it / kStages) & 1) ^ 1);
           uint8_t* sa = pipe.smem + s * kStageBytes;
           uint8_t* sb = sa + kABytes;
           mbar_arrive_expect_tx(&pipe.full[s], bytes);
-          // Rows past the tensor's end are zero-filled by TMA; those of the next group are
-          // zeroed by the consumers (zero_rows_past).
-          const int r = static_cast<int>(tl.off) + kb * kBK;
+          // Rows relative to the group; those past its end are zero-filled by TMA.
+          const int r = kb * kBK;
           const uint64_t pol = l2_policy(0);
-          tma_load_2d(sa, &tm_a, &pipe.full[s], i0, r, pol);
-          tma_load_2d(sa + kChunkBytes, &tm_a, &pipe.full[s], i1, r, pol);
+          tma_load_2d(sa, ma, &pipe.full[s], i0, r, pol);
+          tma_load_2d(sa + kChunkBytes, ma, &pipe.full[s], i1, r, pol);
           for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
-            tma_load_2d_multicast(sb + j * kChunkBytes, &tm_b, &pipe.full[s], tl.n0 + 64 * j, r,
-                                  pol);
+            tma_load_2d_multicast(sb + j * kChunkBytes, mb, &pipe.full[s], tl.n0 + 64 * j, r, pol);
         }
         t = next;
       }
@@ -810,10 +797,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
-      const int tail = static_cast<int>(tl.end - tl.off) - (k_blocks - 1) * kBK;
       const int64_t i = tl.i0 + 64 * cw;
       if (i < p.mc) {
-        consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, tail, it, acc);
+        consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
         const int rows = static_cast<int>(min(static_cast<int64_t>(64), p.mc - i));
         const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
         TC* c = static_cast<TC*>(p.c) + (tl.g * p.mc + i) * p.nc + tl.n0;
@@ -823,7 +809,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           store_block_staged<TC>(c, p.nc, rows, cols, stage_out, acc);
         }
       } else {
-        consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, tail, it, acc);
+        consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
       }
       t = p.dynamic ? sched_take(pipe.sched_full, pipe.sched_empty, pipe.sched_slot, u++, rank)
                     : t + clusters;
@@ -925,17 +911,9 @@ void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) 
     MOE_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesW));
   });
-  // a [rows, mc] and b [rows, nc]: boxes of 64 columns x 64 rows (kChunkBytes), MN-major operands.
-  const cuuint32_t box[2] = {64, kBK};
-  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(p.mc), static_cast<cuuint64_t>(p.rows)};
-  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p.mc) * 2};
-  const cuuint64_t b_dims[2] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.rows)};
-  const cuuint64_t b_strides[1] = {static_cast<cuuint64_t>(p.nc) * 2};
-  const CUtensorMap tm_a = make_map(p.ab, p.a, 2, a_dims, a_strides, box);
-  const CUtensorMap tm_b = make_map(p.ab, p.b, 2, b_dims, b_strides, box);
   static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmemBytesW);
   const int grid = kCluster * std::min(p.tiles, max_clusters);
-  kernel<<<grid, kThreads, kSmemBytesW, s>>>(tm_a, tm_b, kp);
+  kernel<<<grid, kThreads, kSmemBytesW, s>>>(kp);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1104,8 +1082,27 @@ bool supported(const ColGroupedProduct& p) {
   return available();
 }
 
+void encode_group_maps(const ColGroupedProduct& p, const int64_t* offsets, const int32_t* ids,
+                       int n, void* dst) {
+  static_assert(sizeof(CUtensorMap) == kMapBytes, "descriptor size");
+  auto* maps = static_cast<CUtensorMap*>(dst);
+  const cuuint32_t box[2] = {64, kBK};  // 64 columns x 64 rows (kChunkBytes), MN-major operands
+  for (int k = 0; k < n; ++k) {
+    const int64_t off = offsets[ids[k]], n_g = offsets[ids[k] + 1] - off;
+    for (int o = 0; o < 2; ++o) {
+      const int64_t cols = o == 0 ? p.mc : p.nc;
+      const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(n_g)};
+      const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+      const char* base = static_cast<const char*>(o == 0 ? p.a : p.b) + off * cols * 2;
+      maps[o * n + k] = make_map(p.ab, base, 2, dims, strides, box);
+    }
+  }
+}
+
 void launch(const ColGroupedProduct& p, Stream s) {
   if (p.tiles <= 0) return;
+  if (!p.maps || reinterpret_cast<uintptr_t>(p.maps) % kMapBytes != 0)
+    throw std::invalid_argument("sm90 grouped GEMM: wgrad descriptors missing or misaligned");
   if (!supported(p)) throw std::invalid_argument("sm90 grouped GEMM: unsupported wgrad product");
   WParams kp{};
   kp.offsets = p.offsets;
@@ -1116,6 +1113,8 @@ void launch(const ColGroupedProduct& p, Stream s) {
   kp.n_tiles = static_cast<int>((p.nc + kBN - 1) / kBN);
   kp.m_pairs = static_cast<int>(((p.mc + kBM - 1) / kBM + 1) / 2);
   kp.per_group = kp.m_pairs * kp.n_tiles;
+  kp.maps = static_cast<const CUtensorMap*>(p.maps);
+  kp.n = p.groups_with_rows;
   if (p.tiles % kp.per_group != 0)
     throw std::invalid_argument("sm90 grouped GEMM: wgrad tiles not a multiple of the group's");
   // A wave of concurrent entries of a group larger than L2 streams the group's rows of a_g for

@@ -1044,10 +1044,10 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
 
 // The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
 // end inside a 64-row block (1, 63, 65, 130, 200, 257, 300) or on one (64, 128), so most last
-// blocks hold rows of the next group, which the kernel must zero in both operands; the last
-// group's block runs into the tail rows, set to inf in x and grad_out (they belong to no group: a
-// kernel that zeroed one operand only, or none, turns the last group's gradient into NaN or
-// garbage). K = 328 gives 3 row tiles of c (an i-pair whose second CTA has no rows, a tile whose
+// blocks reach into the next group's rows, which the group's TMA descriptors must cut off (zero
+// filled); the last group's block runs into the tail rows, set to inf in x and grad_out (they
+// belong to no group: a kernel that read them in either operand turns the last group's gradient
+// into NaN). K = 328 gives 3 row tiles of c (an i-pair whose second CTA has no rows, a tile whose
 // second warpgroup has 8), N = 520 a column tile of 8 columns (one box of b). Every element of
 // grad_w is checked against its fp64 sum, as bf16 (grouped_gemm_bwd) and as fp32 (the product
 // with an fp32 output, the staged epilogue's other path); the empty group is exactly zero

@@ -293,8 +293,8 @@ M = [
      "per-token sum over slots rounded to the dtype after every slot"),
     # ---- gpu/: added in session 12 -----------------------------------------------------------
     ("064", "sm90_sched_draw_off_by_one", "index", "gpu/grouped_gemm_sm90.cu", 1,
-     "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters;",
-     "static_cast<int64_t>(atomicAdd(p.tile_counter, 1)) + clusters + 1;",
+     "static_cast<int64_t>(atomicAdd(counter, 1)) + clusters;",
+     "static_cast<int64_t>(atomicAdd(counter, 1)) + clusters + 1;",
      "sm90 GEMM, dynamic schedule: drawn entries start one late, so the first entry past the "
      "clusters' static ones never runs (only GemmImpl::sm90; starting one early instead is an "
      "equivalent mutant: one entry runs twice, with the same bits)"),
@@ -304,6 +304,18 @@ M = [
      "sm90 GEMM, banded walk: the last band of a group taken as full, so it computes M-pairs "
      "past the group (the next group's rows) and skips some of its own (only groups walked in "
      "bands: GemmImpl::sm90, row operand over 48 MiB, or MOE_SM90_BAND=n)"),
+    # ---- gpu/: added in session 13 -----------------------------------------------------------
+    ("066", "sm90_wgrad_map_past_group", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(n_g)};",
+     "static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(p.rows - off)};",
+     "sm90 GEMM, wgrad kernel: a group's TMA descriptors reach to the tensor's end instead of "
+     "the group's, so a block's rows past the group (the next group's, or tail rows) join its "
+     "sum (only GemmImpl::sm90 with sm90_wgrad)"),
+    ("067", "sm90_wgrad_pair_one_tile", "index", "gpu/grouped_gemm_sm90.cu", 1,
+     "tl.i0 = (kCluster * q + static_cast<int>(rank)) * kBM;",
+     "tl.i0 = kCluster * q * kBM;",
+     "sm90 GEMM, wgrad kernel: both CTAs of a cluster take the first row tile of their pair, so "
+     "the second is never written (only GemmImpl::sm90 with sm90_wgrad)"),
 ]
 
 
