@@ -807,12 +807,67 @@ constexpr int64_t kLargeRows = 1024;
 // to chunked).
 std::atomic<int64_t> g_sm90_calls{0};
 
+// wgrad on the sm90 kernel (sm90::ColGroupedProduct): uploads the groups with rows (16-byte
+// records) and, per launch, their TMA descriptors (a_g's, then b_g's), in one copy.
+bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
+                    const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
+                    int64_t N, bool accumulate, Stream s) {
+  sm90::ColGroupedProduct w;
+  w.ab = ab;
+  w.a = a;
+  w.rows = plan.rows;
+  w.mc = K;
+  w.nc = N;
+  w.groups = plan.groups();
+  w.c_type = c_type;
+  w.accumulate = accumulate;
+  for (const auto& [b, c] : bc) {
+    w.b = b;
+    w.c = c;
+    if (!sm90::supported(w)) return false;  // also: rows fit the records' int32
+  }
+  std::vector<sm90::WgradGroup> groups;
+  int64_t tiles = 0;
+  for (int64_t g = 0; g < plan.groups(); ++g) {
+    if (plan.sizes[g] == 0) continue;
+    groups.push_back({static_cast<int32_t>(g), static_cast<int32_t>(plan.offsets[g]),
+                      static_cast<int32_t>(plan.offsets[g + 1]), 0});
+    tiles += sm90::col_tiles_of_group(plan.sizes[g], K, N);
+  }
+  if (tiles > INT_MAX) return false;
+  if (tiles == 0) return true;
+  const int n = static_cast<int>(groups.size());
+  constexpr size_t kMap = sm90::kMapBytes;
+  const size_t maps_at = (groups.size() * sizeof(sm90::WgradGroup) + kMap - 1) / kMap * kMap;
+  const size_t per_launch = 2 * static_cast<size_t>(n) * kMap;
+  const size_t bytes = maps_at + bc.size() * per_launch;
+  UploadSlot& slot = acquire_upload(bytes);
+  std::memcpy(slot.host, groups.data(), groups.size() * sizeof(sm90::WgradGroup));
+  for (size_t i = 0; i < bc.size(); ++i) {
+    w.b = bc[i].first;
+    sm90::encode_group_maps(w, groups.data(), n, slot.host + maps_at + i * per_launch);
+  }
+  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
+  w.group_list = reinterpret_cast<const sm90::WgradGroup*>(slot.dev);
+  w.groups_with_rows = n;
+  w.tiles = static_cast<int32_t>(tiles);
+  for (size_t i = 0; i < bc.size(); ++i) {
+    w.b = bc[i].first;
+    w.c = bc[i].second;
+    w.maps = slot.dev + maps_at + i * per_launch;
+    sm90::launch(w, s);
+  }
+  MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));
+  g_sm90_calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
               const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
               int64_t N, bool accumulate, const void* bias, DType bias_type, Stream s) {
+  if (role == GemmRole::wgrad)
+    return !bias && run_sm90_wgrad(plan, ab, a, bc, c_type, K, N, accumulate, s);
   const int64_t G = plan.groups();
-  const bool wgrad = role == GemmRole::wgrad;
-  // fwd / dgrad: row-grouped (c[r, :] = a[r, :] . B_g); wgrad: column-grouped (c[g] = a_g^T b_g).
   sm90::RowGroupedProduct p;
   p.b_k_major = role == GemmRole::dgrad;
   p.ab = ab;
@@ -825,75 +880,42 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   p.accumulate = accumulate;
   p.bias = bias;
   p.bias_type = bias_type;
-  sm90::ColGroupedProduct w;
-  w.ab = ab;
-  w.a = a;
-  w.rows = plan.rows;
-  w.mc = K;
-  w.nc = N;
-  w.groups = G;
-  w.c_type = c_type;
-  w.accumulate = accumulate;
-  if (wgrad && bias) return false;
   std::vector<int64_t> tile_start(G + 1, 0);  // the kernel's tile table, G + 1 prefix sums
   for (int64_t g = 0; g < G; ++g)
-    tile_start[g + 1] = tile_start[g] + (wgrad ? sm90::col_tiles_of_group(plan.sizes[g], K, N)
-                                               : sm90::tiles_of_group(plan.sizes[g], p.nc));
+    tile_start[g + 1] = tile_start[g] + sm90::tiles_of_group(plan.sizes[g], p.nc);
   const int64_t tiles = tile_start[G];
   if (tiles > INT_MAX) return false;
   for (const auto& [b, c] : bc) {
-    p.b = w.b = b;
-    p.c = w.c = c;
-    if (!(wgrad ? sm90::supported(w) : sm90::supported(p))) return false;
+    p.b = b;
+    p.c = c;
+    if (!sm90::supported(p)) return false;
   }
   if (tiles == 0) return true;
   // Both throw on a bad MOE_SM90_SCHED / MOE_SM90_BAND: before anything is issued.
   const bool dynamic = sm90::dynamic_schedule();
   p.band = sm90::band_setting();
-  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8;
-  // wgrad: then per launch the TMA descriptors of its groups with rows (a's, then b's).
-  std::vector<int32_t> ids;
-  for (int64_t g = 0; wgrad && g < G; ++g)
-    if (plan.sizes[g] > 0) ids.push_back(static_cast<int32_t>(g));
-  const int n_ids = static_cast<int>(ids.size());
+  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8.
   const size_t off_bytes = static_cast<size_t>(G + 1) * sizeof(int64_t);
   const size_t cnt_at = off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t);
-  const size_t maps_at = (cnt_at + bc.size() * sizeof(int32_t) + sm90::kMapBytes - 1) /
-                         sm90::kMapBytes * sm90::kMapBytes;
-  const size_t maps_per_launch = 2 * static_cast<size_t>(n_ids) * sm90::kMapBytes;
-  const size_t bytes = wgrad ? maps_at + bc.size() * maps_per_launch
-                             : (cnt_at + bc.size() * sizeof(int32_t) + 7) / 8 * 8;
+  const size_t bytes = (cnt_at + bc.size() * sizeof(int32_t) + 7) / 8 * 8;
   UploadSlot& slot = acquire_upload(bytes);
   auto* h_off = reinterpret_cast<int64_t*>(slot.host);
   auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
-  // wgrad's slot of the tile table holds the list of groups with rows instead (each has as many
-  // entries); the rest of it stays zero.
   for (int64_t g = 0; g <= G; ++g) {
     h_off[g] = plan.offsets[g];
-    h_tiles[g] = wgrad ? (g < n_ids ? ids[g] : 0) : static_cast<int32_t>(tile_start[g]);
+    h_tiles[g] = static_cast<int32_t>(tile_start[g]);
   }
-  std::fill(slot.host + cnt_at, slot.host + (wgrad ? maps_at : bytes), char{0});
-  for (size_t i = 0; wgrad && i < bc.size(); ++i) {
-    w.b = bc[i].first;
-    sm90::encode_group_maps(w, plan.offsets.data(), ids.data(), n_ids,
-                            slot.host + maps_at + i * maps_per_launch);
-  }
+  std::fill(slot.host + cnt_at, slot.host + bytes, char{0});
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
-  p.offsets = w.offsets = reinterpret_cast<const int64_t*>(slot.dev);
-  p.tile_start = w.group_ids = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
-  p.tiles = w.tiles = static_cast<int32_t>(tiles);
-  w.groups_with_rows = n_ids;
+  p.offsets = reinterpret_cast<const int64_t*>(slot.dev);
+  p.tile_start = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
+  p.tiles = static_cast<int32_t>(tiles);
   auto* counters = reinterpret_cast<int32_t*>(slot.dev + cnt_at);
   for (size_t i = 0; i < bc.size(); ++i) {
-    p.b = w.b = bc[i].first;
-    p.c = w.c = bc[i].second;
-    p.tile_counter = w.tile_counter = dynamic ? counters + i : nullptr;
-    w.maps = slot.dev + maps_at + i * maps_per_launch;
-    if (wgrad) {
-      sm90::launch(w, s);
-    } else {
-      sm90::launch(p, s);
-    }
+    p.b = bc[i].first;
+    p.c = bc[i].second;
+    p.tile_counter = dynamic ? counters + i : nullptr;
+    sm90::launch(p, s);
   }
   MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));
   g_sm90_calls.fetch_add(1, std::memory_order_relaxed);

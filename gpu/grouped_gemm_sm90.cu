@@ -31,10 +31,12 @@ constexpr int kThreads = 384;              // warpgroup 0: producer; 1 and 2: co
 constexpr int kCluster = 2;  // CTAs per cluster: adjacent row tiles sharing one weight tile
 // Dynamic schedule: a ring of kSched table entries handed from rank 0's producer to every reader
 // of the cluster. Two slots let the producer publish the entry after the current one while the
-// readers still take the one before. Readers: every consumer thread of both CTAs and the other
-// CTAs' producer threads; each arrives itself on rank 0's sched_empty.
+// readers still take the one before. Readers: lane 0 of every consumer warp of both CTAs (it
+// broadcasts the entry to its warp) and the other CTAs' producer threads; each arrives itself on
+// rank 0's sched_empty. (Every consumer thread reading and arriving, 513 arrivals, half of them
+// remote, per entry, cost the wgrad kernel's short tiles: 6.55 ms against 4.98 static.)
 constexpr int kSched = 2;
-constexpr int kSchedReaders = kCluster * (kThreads - 128) + (kCluster - 1);
+constexpr int kSchedReaders = kCluster * (kThreads - 128) / 32 + (kCluster - 1);
 // Stages, then the full / empty barriers of the stages and of the schedule ring, then its slots.
 constexpr int kSmemBytes =
     kStages * kStageBytes + 1024 /* alignment */ + (2 * kStages + 2 * kSched) * 8 + kSched * 4;
@@ -153,15 +155,12 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
 // [256 q, 256 q + 256) of c[g]) and one column tile: the pair shares b_g's column tile (each CTA
 // loads half of it, multicast to both) and each CTA loads its own 128 columns of a_g.
 struct WParams {
-  const int64_t* offsets;
-  // The groups with rows, in order; each has per_group = m_pairs * n_tiles entries, so an entry's
-  // group is one load away (a binary search over tile_start, as the forward does, costs a chain of
-  // dependent loads per tile, and wgrad's tiles are short: ~4 k-blocks on the DeepSeek shape).
-  const int32_t* group_ids;
-  int32_t* tile_counter;  // as in KParams
-  bool dynamic;
+  // The groups with rows, in order (ColGroupedProduct::group_list); each has per_group = m_pairs *
+  // n_tiles entries, so an entry's group, offset and end are one 16-byte load away, issued a tile
+  // ahead (wgrad's tiles are short: ~4 k-blocks on the DeepSeek shape).
+  const int4* groups;
   int tiles, per_group, n_tiles, m_pairs;
-  // Per group of group_ids (n of them): a_g's descriptor, then (at maps + n) b_g's.
+  // Per group of `groups` (n of them): a_g's descriptor, then (at maps + n) b_g's.
   const CUtensorMap* maps;
   int n;
   // Order of a group's entries: i-pairs inner (column tile by column tile) or column tiles inner.
@@ -174,18 +173,23 @@ struct WParams {
 };
 
 struct WTile {
-  int k, g;          // group_ids[k] = g
-  int64_t off, end;  // the group's rows: the reduction
-  int i0, n0;        // this CTA's tile: rows [i0, i0 + 128) and columns [n0, n0 + 256) of c[g]
+  int k, g;      // groups[k] is group g
+  int off, end;  // the group's rows: the reduction
+  int i0, n0;    // this CTA's tile: rows [i0, i0 + 128) and columns [n0, n0 + 256) of c[g]
 };
 
-__device__ __forceinline__ WTile decode_w(const WParams& p, int t, uint32_t rank) {
+// The record of entry t's group (loaded ahead of decode_w; past the table: the first one).
+__device__ __forceinline__ int4 group_record(const WParams& p, int t) {
+  return __ldg(p.groups + (t < p.tiles ? t / p.per_group : 0));
+}
+
+__device__ __forceinline__ WTile decode_w(const WParams& p, int t, uint32_t rank, int4 rec) {
   WTile tl;
   tl.k = t / p.per_group;
   const int local = t - tl.k * p.per_group;
-  tl.g = __ldg(p.group_ids + tl.k);
-  tl.off = __ldg(p.offsets + tl.g);
-  tl.end = __ldg(p.offsets + tl.g + 1);
+  tl.g = rec.x;
+  tl.off = rec.y;
+  tl.end = rec.z;
   const int q = p.pairs_inner ? local % p.m_pairs : local / p.n_tiles;
   const int j = p.pairs_inner ? local / p.m_pairs : local % p.n_tiles;
   tl.i0 = (kCluster * q + static_cast<int>(rank)) * kBM;
@@ -284,6 +288,15 @@ __device__ __forceinline__ int sched_take(uint64_t* sched_full, uint64_t* sched_
     mbar_arrive_release_cluster(&sched_empty[j], 0);
   }
   return t;
+}
+
+// A consumer warp takes ring use u: lane 0 alone reads the slot and releases it (the reader
+// arrives itself) and hands the entry to the other lanes by shuffle.
+__device__ __forceinline__ int sched_take_warp(uint64_t* sched_full, uint64_t* sched_empty,
+                                               const int32_t* slot, uint32_t u, uint32_t rank) {
+  int t = 0;
+  if (threadIdx.x % 32 == 0) t = sched_take(sched_full, sched_empty, slot, u, rank);
+  return __shfl_sync(0xffffffffu, t, 0);
 }
 
 __device__ __forceinline__ void cluster_sync() {
@@ -712,7 +725,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       } else {
         store_fragment_bias<TC, false>(p, tl, cw, acc);
       }
-      t = p.dynamic ? sched_take(sched_full, sched_empty, sched_slot, u++, rank) : t + clusters;
+      t = p.dynamic ? sched_take_warp(sched_full, sched_empty, sched_slot, u++, rank)
+                    : t + clusters;
     }
   }
   // No CTA leaves while its peer may still write its schedule slots or arrive on its barriers:
@@ -722,8 +736,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// wgrad kernel: the forward's pipeline and schedule; a table entry is an i-pair of c[g]'s row
-// tiles in one column tile (decode_w), its k-loop the group's rows.
+// wgrad kernel: the forward's pipeline; a table entry is an i-pair of c[g]'s row tiles in one
+// column tile (decode_w), its k-loop the group's rows. Static schedule (cluster c takes entries
+// c, c + clusters, ...): the forward's dynamic one measured slower here, 6.2-6.5 against
+// 5.0-5.5 ms on the DeepSeek-like wgrad (docs/perf.md, session 13).
 template <class T, class TC>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     grouped_cols_kernel(const __grid_constant__ WParams p) {
@@ -738,21 +754,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
       int it = 0;
-      uint32_t u = 0;
+      int4 rec = group_record(p, cluster_id);
       for (int t = cluster_id; t < p.tiles;) {
-        const WTile tl = decode_w(p, t, rank);
-        // The next entry is drawn before this tile's loads, not after as in the forward: a tile
-        // here is a few k-blocks, and the draw (a global atomic) and the next decode would
-        // otherwise delay the next tile's first loads.
-        int next;
-        if (!p.dynamic) {
-          next = t + clusters;
-        } else if (rank == 0) {
-          next = sched_draw(p.tile_counter, p.tiles, pipe.sched_full, pipe.sched_empty,
-                            pipe.sched_slot, u++, clusters);
-        } else {
-          next = sched_take(pipe.sched_full, pipe.sched_empty, pipe.sched_slot, u++, rank);
-        }
+        const WTile tl = decode_w(p, t, rank, rec);
+        // The next entry's record is loaded now and used after this tile's loads are issued.
+        const int next = t + clusters;
+        const int4 next_rec = group_record(p, next);
         const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
         // b_g's boxes with columns below Nc (the rest of the stage is not loaded: its columns are
         // not stored). A box of a_g past Mc (an odd row-tile count leaves a CTA of the last pair,
@@ -781,6 +788,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
             tma_load_2d_multicast(sb + j * kChunkBytes, mb, &pipe.full[s], tl.n0 + 64 * j, r, pol);
         }
         t = next;
+        rec = next_rec;
       }
     }
     __syncwarp();
@@ -791,9 +799,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     uint8_t* stage_out = pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
     float acc[128];
     int it = 0;
-    uint32_t u = 0;
+    int4 rec = group_record(p, cluster_id);
     for (int t = cluster_id; t < p.tiles;) {
-      const WTile tl = decode_w(p, t, rank);
+      const WTile tl = decode_w(p, t, rank, rec);
+      rec = group_record(p, t + clusters);  // used after this tile's products and stores
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
@@ -811,8 +820,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       } else {
         consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
       }
-      t = p.dynamic ? sched_take(pipe.sched_full, pipe.sched_empty, pipe.sched_slot, u++, rank)
-                    : t + clusters;
+      t += clusters;
     }
   }
   cluster_sync();  // as in grouped_rows_kernel
@@ -1082,13 +1090,12 @@ bool supported(const ColGroupedProduct& p) {
   return available();
 }
 
-void encode_group_maps(const ColGroupedProduct& p, const int64_t* offsets, const int32_t* ids,
-                       int n, void* dst) {
+void encode_group_maps(const ColGroupedProduct& p, const WgradGroup* groups, int n, void* dst) {
   static_assert(sizeof(CUtensorMap) == kMapBytes, "descriptor size");
   auto* maps = static_cast<CUtensorMap*>(dst);
   const cuuint32_t box[2] = {64, kBK};  // 64 columns x 64 rows (kChunkBytes), MN-major operands
   for (int k = 0; k < n; ++k) {
-    const int64_t off = offsets[ids[k]], n_g = offsets[ids[k] + 1] - off;
+    const int64_t off = groups[k].begin, n_g = groups[k].end - groups[k].begin;
     for (int o = 0; o < 2; ++o) {
       const int64_t cols = o == 0 ? p.mc : p.nc;
       const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(n_g)};
@@ -1101,14 +1108,15 @@ void encode_group_maps(const ColGroupedProduct& p, const int64_t* offsets, const
 
 void launch(const ColGroupedProduct& p, Stream s) {
   if (p.tiles <= 0) return;
-  if (!p.maps || reinterpret_cast<uintptr_t>(p.maps) % kMapBytes != 0)
-    throw std::invalid_argument("sm90 grouped GEMM: wgrad descriptors missing or misaligned");
+  if (!p.maps || reinterpret_cast<uintptr_t>(p.maps) % kMapBytes != 0 || !p.group_list ||
+      reinterpret_cast<uintptr_t>(p.group_list) % 16 != 0)
+    throw std::invalid_argument(
+        "sm90 grouped GEMM: wgrad groups or descriptors missing or "
+        "misaligned");
   if (!supported(p)) throw std::invalid_argument("sm90 grouped GEMM: unsupported wgrad product");
   WParams kp{};
-  kp.offsets = p.offsets;
-  kp.group_ids = p.group_ids;
-  kp.tile_counter = p.tile_counter;
-  kp.dynamic = p.tile_counter != nullptr;
+  static_assert(sizeof(WgradGroup) == sizeof(int4), "record");
+  kp.groups = reinterpret_cast<const int4*>(p.group_list);
   kp.tiles = p.tiles;
   kp.n_tiles = static_cast<int>((p.nc + kBN - 1) / kBN);
   kp.m_pairs = static_cast<int>(((p.mc + kBM - 1) / kBM + 1) / 2);

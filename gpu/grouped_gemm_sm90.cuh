@@ -105,12 +105,17 @@ void launch(const RowGroupedProduct& p, Stream s);
 //   c[g] (=|+=) a_g^T . b_g for every group g with rows, where a_g = a[o_g : o_g + n_g, :] and
 //   b_g likewise: the reduction runs over the group's rows. Groups without rows get no entries
 //   (their c[g] untouched: the caller zeroes them).
-// Kernel (grouped_cols_kernel): the forward's pipeline, schedule and clusters; each cluster
-// computes two 128 x 256 tiles of c[g] in adjacent row tiles that share b_g's column tile, over
-// blocks of 64 of the group's rows. Each group's operands are loaded through TMA descriptors of
-// their own (encode_group_maps), whose row extent ends at the group's end: TMA zero-fills a
+// Kernel (grouped_cols_kernel): the forward's pipeline and clusters, a static schedule; each
+// cluster computes two 128 x 256 tiles of c[g] in adjacent row tiles that share b_g's column tile,
+// over blocks of 64 of the group's rows. Each group's operands are loaded through TMA descriptors
+// of their own (encode_group_maps), whose row extent ends at the group's end: TMA zero-fills a
 // block's rows past it, which would otherwise hold the next group's rows. Bitwise deterministic
 // like the forward.
+// A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.
+struct WgradGroup {
+  int32_t g, begin, end, unused;
+};
+
 struct ColGroupedProduct {
   DType ab = DType::bf16;   // bf16 or f16
   const void* a = nullptr;  // [rows, mc]
@@ -119,15 +124,13 @@ struct ColGroupedProduct {
   DType c_type = DType::bf16;  // ab or f32
   void* c = nullptr;           // [G, mc, nc]
   bool accumulate = false;
-  const int64_t* offsets = nullptr;    // [G + 1] group row offsets (device)
-  const int32_t* group_ids = nullptr;  // the groups with rows, in order (device)
-  int32_t groups_with_rows = 0;        // entries of group_ids
+  const WgradGroup* group_list = nullptr;  // the groups with rows, in order (device, 16-aligned)
+  int32_t groups_with_rows = 0;
   // [2 * groups_with_rows] descriptors (device, kMapBytes-aligned): a_g's, then b_g's, in the
-  // order of group_ids (encode_group_maps).
+  // order of group_list (encode_group_maps).
   const void* maps = nullptr;
   // Sum of col_tiles_of_group: the number of groups with rows times the entries of one.
   int32_t tiles = 0;
-  int32_t* tile_counter = nullptr;  // as in RowGroupedProduct
 };
 
 // Whether launch() takes the product: available(), 16-bit operands, mc and nc multiples of 8,
@@ -139,10 +142,8 @@ int64_t col_tiles_of_group(int64_t n_g, int64_t mc, int64_t nc);
 // Bytes of one TMA descriptor (CUtensorMap), its alignment too.
 constexpr size_t kMapBytes = 128;
 // Writes the 2 * n descriptors of p.maps to host memory dst (kMapBytes-aligned) for the groups
-// ids[0..n) whose row offsets (host) are offsets: a_g = a[offsets[g] : offsets[g + 1], :] as a
-// [n_g, mc] tensor, then b_g likewise.
-void encode_group_maps(const ColGroupedProduct& p, const int64_t* offsets, const int32_t* ids,
-                       int n, void* dst);
+// groups[0..n) (host): a_g = a[begin : end, :] as an [end - begin, mc] tensor, then b_g likewise.
+void encode_group_maps(const ColGroupedProduct& p, const WgradGroup* groups, int n, void* dst);
 void launch(const ColGroupedProduct& p, Stream s);
 
 }  // namespace moe::gpu::sm90
