@@ -40,7 +40,8 @@
 //     2.88 ms, 85% of the dense product's speed; chunked moved 2115 GB/s there. dgrad and wgrad
 //     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
 //     copy speed).
-//   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked),
+//   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked
+//     unless GemmOptions::sm90_wgrad: its own kernel, at parity with cuBLAS, docs/perf.md),
 //     GemmBench on an H100, bf16, TFLOP/s (% of the dense GEMM timed in the same run):
 //                                       session 3 (two runs)         session 4 (final run)
 //       Mixtral-like uniform / skewed   fwd 647 (81%), 641 (82%)     581 (72%) / 567 (77%)
@@ -105,7 +106,8 @@ enum class GemmImpl : uint8_t {
             // `streams`.
   sm90,     // fwd, dgrad: our own persistent TMA + wgmma kernel (gpu/grouped_gemm_sm90.cuh) on
             // sm_90 GPUs, 16-bit operands, K and N multiples of 8, with the forward bias in its
-            // epilogue; wgrad, and whatever the kernel cannot take, as `chunked`.
+            // epilogue; wgrad on its own kernel when GemmOptions::sm90_wgrad, else, and whatever
+            // the kernels cannot take, as `chunked`.
 };
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl

@@ -1,5 +1,6 @@
 // Our own Hopper (sm_90a) grouped GEMM for the row-grouped products of grouped_gemm (SPEC §10.1):
-// forward c[o_g + i, :] = a[o_g + i, :] . w_g and dgrad c[o_g + i, :] = a[o_g + i, :] . w_g^T.
+// forward c[o_g + i, :] = a[o_g + i, :] . w_g and dgrad c[o_g + i, :] = a[o_g + i, :] . w_g^T;
+// and, opt-in (ColGroupedProduct below), the column-grouped wgrad c[g] = a_g^T . b_g.
 // GemmImpl::sm90 issues them here; products it cannot take (see supported()) go to
 // GemmImpl::chunked. Host header: no CUDA types.
 //
@@ -33,8 +34,9 @@
 //     ran together and re-read it from DRAM (first version, docs/perf.md: 4292 -> 4105 us,
 //     11.7 -> 10.8 GB on the DeepSeek-like shape; MOE_SM90_SCHED=static for A/B);
 //   - rank 0's producer draws the next entry while the current one loads and hands it to both
-//     CTAs through a 2-slot shared-memory ring; every reading thread releases a slot with its own
-//     mbarrier arrival (racecheck flagged a handoff that delegated it to one lane);
+//     CTAs through a 2-slot shared-memory ring; each slot's readers (lane 0 of every consumer
+//     warp, which shuffles the entry to its warp, and the other CTA's producer) release it with
+//     their own mbarrier arrival (racecheck flagged a handoff that delegated the arrival);
 //   - where the weight is streamed (few rows per group) its loads are marked L2 evict_first, so
 //     the row tile, which the group's other column tiles read, stays in L2 (12.7 GB of DRAM reads
 //     instead of 15.3 GB on the M-pair-only version);

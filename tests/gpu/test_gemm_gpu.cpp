@@ -713,9 +713,10 @@ struct Sampler {
     while (plan.offsets[g + 1] <= r) ++g;
     return g;
   }
+  // The SPEC §12 reduction bound of an output of dtype d (bf16 unless said).
   void check(const std::string& what, int64_t idx, double got, double want, int64_t n,
-             double abs_sum) {
-    const double b = tol_bound(TolClass::reduction, DType::bf16, want, n, abs_sum);
+             double abs_sum, DType d = DType::bf16) {
+    const double b = tol_bound(TolClass::reduction, d, want, n, abs_sum);
     if (!(std::fabs(got - want) <= b)) {
       bad.push_back(what + "[" + std::to_string(idx) + "] = " + format_double(got) + ", want " +
                     format_double(want) + " (bound " + format_double(b) + ")");
@@ -1115,7 +1116,8 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
         continue;
       }
       s.check("grad_w", g * K * N + i, got, round_to(DType::bf16, want[i]), sizes[g], abs[i]);
-      s.check("grad_w fp32", g * K * N + i, got32, round_to(DType::f32, want[i]), sizes[g], abs[i]);
+      s.check("grad_w fp32", g * K * N + i, got32, round_to(DType::f32, want[i]), sizes[g], abs[i],
+              DType::f32);
     }
   }
   EXPECT_TRUE(s.bad.empty()) << s.bad.size()
