@@ -528,6 +528,27 @@ TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
   EXPECT_THAT(e, ::testing::HasSubstr("cutlass"));
 }
 
+TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
+  const char* prev = std::getenv("MOE_SM90_WGRAD");
+  const std::string saved = prev ? prev : "";
+  unsetenv("MOE_SM90_WGRAD");
+  EXPECT_FALSE(gpu::sm90_wgrad_from_env());
+  setenv("MOE_SM90_WGRAD", "cublas", 1);
+  EXPECT_FALSE(gpu::sm90_wgrad_from_env());
+  setenv("MOE_SM90_WGRAD", "kernel", 1);
+  EXPECT_TRUE(gpu::sm90_wgrad_from_env());
+  EXPECT_TRUE(gpu::GemmOptions{}.sm90_wgrad);
+  setenv("MOE_SM90_WGRAD", "fast", 1);
+  const std::string e = error_of([] { gpu::GemmOptions{}; });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_WGRAD"));
+  EXPECT_THAT(e, ::testing::HasSubstr("fast"));
+  if (prev) {
+    setenv("MOE_SM90_WGRAD", saved.c_str(), 1);
+  } else {
+    unsetenv("MOE_SM90_WGRAD");
+  }
+}
+
 // The products keep cuBLAS handles (32 MiB of workspace each, plus cuBLAS's own allocations),
 // forked streams and staging buffers between calls. Worker threads that exit (check -j) must hand
 // theirs on rather than leak them, entries of streams the caller destroyed must stay bounded, and
