@@ -31,9 +31,11 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "harness/core/params/ffn.h"
@@ -516,6 +518,28 @@ gpu::DeviceTensor dev_sizes(const std::vector<int64_t>& v) {
   return gpu::DeviceTensor::upload(t);
 }
 
+// Sets or (null) unsets one environment variable for its scope; restores the value it found.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) prev_ = v;
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() { set(prev_ ? prev_->c_str() : nullptr); }
+  void set(const char* v) const {
+    if (v) {
+      setenv(name_, v, 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> prev_;
+};
+
 }  // namespace
 
 TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
@@ -529,24 +553,18 @@ TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
 }
 
 TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
-  const char* prev = std::getenv("MOE_SM90_WGRAD");
-  const std::string saved = prev ? prev : "";
-  unsetenv("MOE_SM90_WGRAD");
+  const ScopedEnv env("MOE_SM90_WGRAD");
+  env.set(nullptr);
   EXPECT_FALSE(gpu::sm90_wgrad_from_env());
-  setenv("MOE_SM90_WGRAD", "cublas", 1);
+  env.set("cublas");
   EXPECT_FALSE(gpu::sm90_wgrad_from_env());
-  setenv("MOE_SM90_WGRAD", "kernel", 1);
+  env.set("kernel");
   EXPECT_TRUE(gpu::sm90_wgrad_from_env());
   EXPECT_TRUE(gpu::GemmOptions{}.sm90_wgrad);
-  setenv("MOE_SM90_WGRAD", "fast", 1);
+  env.set("fast");
   const std::string e = error_of([] { gpu::GemmOptions{}; });
   EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_WGRAD"));
   EXPECT_THAT(e, ::testing::HasSubstr("fast"));
-  if (prev) {
-    setenv("MOE_SM90_WGRAD", saved.c_str(), 1);
-  } else {
-    unsetenv("MOE_SM90_WGRAD");
-  }
 }
 
 // The products keep cuBLAS handles (32 MiB of workspace each, plus cuBLAS's own allocations),
@@ -892,6 +910,22 @@ gpu::DeviceTensor filled(const Shape& s, uint64_t seed) {
   return t;
 }
 
+// One forward and one backward of grouped_gemm on bf16 operands with options o; the forward's
+// output and grad_x, downloaded. `kernel_calls`: how many products ran on the sm90 kernel.
+std::pair<Tensor, Tensor> fwd_and_dgrad(const gpu::DeviceTensor& x, const gpu::DeviceTensor& w,
+                                        const gpu::DeviceTensor& ct, const gpu::GroupPlan& plan,
+                                        const gpu::GemmOptions& o, int64_t* kernel_calls) {
+  const int64_t R = x.dim(0), K = x.dim(1), G = w.dim(0), N = w.dim(2);
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
+                            gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+  const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+  gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+  gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
+  *kernel_calls = gpu::gemm_detail::sm90_kernel_calls() - before;
+  return {out.download(), grads.grad_x.download()};
+}
+
 std::string skew_summary(const gpu::GroupPlan& p) {
   int64_t mx = 0, empty = 0;
   for (int64_t v : p.sizes) {
@@ -918,17 +952,9 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
-  auto run = [&] {
-    gpu::DeviceTensor out(DType::bf16, {R, N});
-    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
-                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
-    gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
-    gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
-    return std::make_pair(out.download(), grads.grad_x.download());
-  };
-  const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
-  const auto [out, gx] = run();
-  EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2) << "fwd and dgrad on the kernel";
+  int64_t calls = 0;
+  const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+  EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
   Sampler s{plan, K, N, {}};
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
@@ -954,7 +980,7 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   }
   EXPECT_TRUE(s.bad.empty()) << s.bad.size()
                              << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
-  const auto [out2, gx2] = run();
+  const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
   EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
 }
 
@@ -966,15 +992,7 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
 // ahead and the schedule ring fills. A bad MOE_SM90_SCHED throws before anything is issued.
 TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
   MOE_SKIP_WITHOUT_SM90();
-  const char* prev = std::getenv("MOE_SM90_SCHED");
-  const std::string saved = prev ? prev : "";
-  auto set_sched = [](const char* v) {
-    if (v) {
-      setenv("MOE_SM90_SCHED", v, 1);
-    } else {
-      unsetenv("MOE_SM90_SCHED");
-    }
-  };
+  const ScopedEnv sched("MOE_SM90_SCHED");
   std::vector<int64_t> sizes(40);
   int64_t used = 0;
   for (size_t g = 0; g < sizes.size(); ++g) used += sizes[g] = static_cast<int64_t>(g) * 137 % 401;
@@ -987,17 +1005,12 @@ TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
     SCOPED_TRACE("K = " + std::to_string(K));
     const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
     const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
-    auto run = [&](const char* sched) {
-      set_sched(sched);
-      gpu::DeviceTensor out(DType::bf16, {R, N});
-      gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
-                                gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
-      const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
-      gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
-      gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
-      EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2)
-          << (sched ? sched : "(unset)") << ": fwd and dgrad on the kernel";
-      return std::make_pair(out.download(), grads.grad_x.download());
+    auto run = [&](const char* value) {
+      sched.set(value);
+      int64_t calls = 0;
+      auto r = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+      EXPECT_GE(calls, 2) << (value ? value : "(unset)") << ": fwd and dgrad on the kernel";
+      return r;
     };
     const auto [out_d, gx_d] = run(nullptr);
     const auto [out_s, gx_s] = run("static");
@@ -1006,12 +1019,11 @@ TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
     EXPECT_TRUE(gx_d.bitwise_equal(gx_s)) << "dgrad: dynamic and static schedules differ";
     EXPECT_TRUE(out_d.bitwise_equal(out_d2) && gx_d.bitwise_equal(gx_d2)) << "two runs differ";
   }
-  set_sched("bogus");
+  sched.set("bogus");
   gpu::DeviceTensor out(DType::bf16, {R, N});
   const gpu::DeviceTensor x = filled({R, 136}, kSeedX), w = filled({G, 136, N}, kSeedW);
   EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
                std::invalid_argument);
-  set_sched(prev ? saved.c_str() : nullptr);
 }
 
 // The sm90 kernel's banded walk of large groups (decode; MOE_SM90_BAND=3 forces bands of 3
@@ -1022,8 +1034,7 @@ TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
 // column walk (MOE_SM90_BAND=off) bit for bit and the sampled fp64 sums.
 TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   MOE_SKIP_WITHOUT_SM90();
-  const char* prev = std::getenv("MOE_SM90_BAND");
-  const std::string saved = prev ? prev : "";
+  const ScopedEnv band_env("MOE_SM90_BAND");
   const std::vector<int64_t> sizes = {2900, 0, 700, 1500, 5};
   int64_t used = 0;
   for (int64_t v : sizes) used += v;
@@ -1035,15 +1046,11 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
   auto run = [&](const char* band) {
-    setenv("MOE_SM90_BAND", band, 1);
-    gpu::DeviceTensor out(DType::bf16, {R, N});
-    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
-                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
-    const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
-    gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
-    gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
-    EXPECT_GE(gpu::gemm_detail::sm90_kernel_calls() - before, 2) << band;
-    return std::make_pair(out.download(), grads.grad_x.download());
+    band_env.set(band);
+    int64_t calls = 0;
+    auto r = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_GE(calls, 2) << band;
+    return r;
   };
   const auto [out_b, gx_b] = run("3");
   const auto [out_c, gx_c] = run("off");
@@ -1053,15 +1060,10 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
                     d_gx = gpu::DeviceTensor::upload(gx_b);
   const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
   EXPECT_TRUE(bad.empty()) << joined(bad);
-  setenv("MOE_SM90_BAND", "0", 1);
+  band_env.set("0");
   gpu::DeviceTensor out(DType::bf16, {R, N});
   EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
                std::invalid_argument);
-  if (prev) {
-    setenv("MOE_SM90_BAND", saved.c_str(), 1);
-  } else {
-    unsetenv("MOE_SM90_BAND");
-  }
 }
 
 // The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
