@@ -129,8 +129,9 @@ struct GemmOptions {
   bool batched_wgrad = true;  // chunked: small groups' wgrad as padded batched calls (else as
                               // `streams`)
   // sm90: wgrad on our own kernel too (sm90::ColGroupedProduct), else as chunked. Off by default:
-  // slower than cuBLAS on the bench shapes (docs/perf.md, session 13). MOE_SM90_WGRAD=kernel
-  // turns it on, =cublas or unset leaves it off; anything else throws naming the variable.
+  // it ties cuBLAS on the DeepSeek-like bench shapes and trails it on the Mixtral-like ones
+  // (docs/perf.md, session 13). MOE_SM90_WGRAD=kernel turns it on, =cublas or unset leaves it
+  // off; anything else throws naming the variable.
   bool sm90_wgrad = sm90_wgrad_from_env();
 };
 

@@ -113,6 +113,8 @@ void launch(const RowGroupedProduct& p, Stream s);
 // of their own (encode_group_maps), whose row extent ends at the group's end: TMA zero-fills a
 // block's rows past it, which would otherwise hold the next group's rows. Bitwise deterministic
 // like the forward.
+struct ColGroupedProduct;
+
 // A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.
 struct WgradGroup {
   int32_t g, begin, end, unused;
