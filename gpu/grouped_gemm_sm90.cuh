@@ -103,6 +103,11 @@ bool supported(const RowGroupedProduct& p);
 int64_t tiles_of_group(int64_t n_g, int64_t nc);
 void launch(const RowGroupedProduct& p, Stream s);
 
+// A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.
+struct WgradGroup {
+  int32_t g, begin, end, unused;
+};
+
 // One column-grouped product (grouped_gemm's wgrad), all pointers on the device:
 //   c[g] (=|+=) a_g^T . b_g for every group g with rows, where a_g = a[o_g : o_g + n_g, :] and
 //   b_g likewise: the reduction runs over the group's rows. Groups without rows get no entries
@@ -113,13 +118,6 @@ void launch(const RowGroupedProduct& p, Stream s);
 // of their own (encode_group_maps), whose row extent ends at the group's end: TMA zero-fills a
 // block's rows past it, which would otherwise hold the next group's rows. Bitwise deterministic
 // like the forward.
-struct ColGroupedProduct;
-
-// A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.
-struct WgradGroup {
-  int32_t g, begin, end, unused;
-};
-
 struct ColGroupedProduct {
   DType ab = DType::bf16;   // bf16 or f16
   const void* a = nullptr;  // [rows, mc]
