@@ -880,9 +880,13 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   p.accumulate = accumulate;
   p.bias = bias;
   p.bias_type = bias_type;
+  // Throws on a bad MOE_SM90_TAIL: before anything is issued. The folding kernel runs only where
+  // a group folds (RowGroupedProduct::fold_tail).
+  p.fold_tail = sm90::fold_tail_setting() &&
+                std::any_of(plan.sizes.begin(), plan.sizes.end(), sm90::folds_tail);
   std::vector<int64_t> tile_start(G + 1, 0);  // the kernel's tile table, G + 1 prefix sums
   for (int64_t g = 0; g < G; ++g)
-    tile_start[g + 1] = tile_start[g] + sm90::tiles_of_group(plan.sizes[g], p.nc);
+    tile_start[g + 1] = tile_start[g] + sm90::tiles_of_group(plan.sizes[g], p.nc, p.fold_tail);
   const int64_t tiles = tile_start[G];
   if (tiles > INT_MAX) return false;
   for (const auto& [b, c] : bc) {

@@ -27,8 +27,15 @@ namespace {
 constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
 constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
 constexpr int kChunkBytes = 64 * kBK * 2;  // one 64-column box of an MN-major B stage
-constexpr int kThreads = 384;              // warpgroup 0: producer; 1 and 2: consumers
-constexpr int kCluster = 2;  // CTAs per cluster: adjacent row tiles sharing one weight tile
+// The forward / dgrad kernel that folds tails (kFold, see decode) also holds a group's tail rows
+// in each stage: 64 rows of the row operand, each CTA of the pair loading 32 and multicasting
+// them. The other kernels' stages are kStageBytes: measured on H100, the larger stages alone
+// (less L1) and the tail code made the forward 3-5% slower where no group has a tail.
+constexpr int kTailBytes = 64 * kBK * 2;
+template <bool kFold>
+constexpr int kStageBytesRows = kStageBytes + (kFold ? kTailBytes : 0);
+constexpr int kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
+constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing one weight tile
 // Dynamic schedule: a ring of kSched table entries handed from rank 0's producer to every reader
 // of the cluster. Two slots let the producer publish the entry after the current one while the
 // readers still take the one before. Readers: lane 0 of every consumer warp of both CTAs (it
@@ -38,8 +45,10 @@ constexpr int kCluster = 2;  // CTAs per cluster: adjacent row tiles sharing one
 constexpr int kSched = 2;
 constexpr int kSchedReaders = kCluster * (kThreads - 128) / 32 + (kCluster - 1);
 // Stages, then the full / empty barriers of the stages and of the schedule ring, then its slots.
-constexpr int kSmemBytes =
-    kStages * kStageBytes + 1024 /* alignment */ + (2 * kStages + 2 * kSched) * 8 + kSched * 4;
+template <bool kFold>
+constexpr int kSmemBytes = kStages* kStageBytesRows<kFold> + 1024 /* alignment */ +
+                           (2 * kStages + 2 * kSched) * 8 + kSched * 4;
+static_assert(kSmemBytes<true> <= 227 * 1024, "shared memory");
 // wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp at kStageOutAt
 // from the aligned base, past the stages, barriers and slots.
 constexpr int kStageOutBytes = 2048, kStageOutAt = kStages * kStageBytes + 128;
@@ -79,10 +88,12 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 //           when its row-tile count is odd, runs as N-pairs (as an M-pair its partner would
 //           compute rows past the group and B would be read twice).
 // banded: the tile belongs to a banded group (see decode); its weight loads stay evict_normal.
+// tail: an M-pair that also computes the group's folded tail, rows [tail0, row_end) (at most 64):
+// the four consumer warpgroups of the pair each take 64 of the weight tile's 256 columns.
 struct Tile {
   int g, n0;
-  bool npair, banded;
-  int64_t row0, row_end;
+  bool npair, banded, tail;
+  int64_t row0, row_end, tail0;
 };
 
 // The group of table entry t: the last g with tile_start[g] <= t (empty groups have no entries).
@@ -100,21 +111,30 @@ __device__ __forceinline__ int group_of(const int32_t* tile_start, int groups, i
 }
 
 // Entries of group g, per column pair q (columns 2q, 2q + 1): the M-pairs of column 2q, those of
-// column 2q + 1, then (odd row-tile count) the N-pair of the last row tile. So every reader of a
+// column 2q + 1, then (odd row-tile count, unless the kFold kernel folds it into the last M-pair:
+// folds_tail) the N-pair of the last row tile. So every reader of a
 // weight tile is adjacent in the table and runs at about the same time (the weight is read from
 // DRAM once). A group of more than p.band_over M-pairs (its row operand much larger than L2) is
 // walked in bands of p.band_pairs M-pairs instead: each band's M-pairs for column 0, 1, ..., then
 // the next band, the N-pairs last. There the row operand, not the weight, is what must not be
 // re-read: by columns, every column tile would stream the whole row operand from DRAM again; by
 // bands, a band's rows are read once while the group's weight (every column) stays in L2. Must
-// match tiles_of_group().
+// match tiles_of_group() (kFold: RowGroupedProduct::fold_tail).
+template <bool kFold>
 __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   Tile tl;
   tl.g = group_of(p.tile_start, p.groups, t);
   const int64_t off = __ldg(p.offsets + tl.g);
   tl.row_end = __ldg(p.offsets + tl.g + 1);
   const int m_tiles = static_cast<int>((tl.row_end - off + kBM - 1) / kBM);
-  const int m_pairs = m_tiles / 2, odd = m_tiles & 1;
+  const int m_pairs = m_tiles / 2;
+  // A group of 4 m + 1 64-row slots (m >= 1, folds_tail) folds its last slot into its last M-pair
+  // (tail): as an N-pair row tile, those <= 64 rows would stream the group's whole weight once
+  // more for a fraction of the products.
+  const bool fold = kFold && m_pairs >= 1 && (tl.row_end - off + 63) / 64 % 4 == 1;
+  const int odd = (m_tiles & 1) && !fold;
+  tl.tail0 = off + static_cast<int64_t>(m_pairs) * kCluster * kBM;
+  tl.tail = false;
   const int local = t - __ldg(p.tile_start + tl.g);
   tl.banded = m_pairs > p.band_over;
   if (tl.banded) {
@@ -124,6 +144,7 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
       const int size = min(p.band_pairs, m_pairs - b * p.band_pairs);  // the last band: fewer
       const int pm = b * p.band_pairs + in_band % size;
       tl.npair = false;
+      tl.tail = fold && pm == m_pairs - 1;
       tl.row0 = off + static_cast<int64_t>(kCluster * pm + rank) * kBM;
       tl.n0 = in_band / size * kBN;
     } else {
@@ -140,6 +161,7 @@ __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   if (r < cols_q * m_pairs) {
     tl.npair = false;
     const int pm = r % m_pairs;
+    tl.tail = fold && pm == m_pairs - 1;
     tl.row0 = off + static_cast<int64_t>(kCluster * pm + rank) * kBM;
     tl.n0 = (2 * q + r / m_pairs) * kBN;
   } else {
@@ -385,15 +407,15 @@ __device__ __forceinline__ void store2(TC* p, float v0, float v1) {
 
 struct NoBias {};
 
-// Stores one consumer warpgroup's 64 x 256 accumulator block at c (the block's element (0, 0),
+// Stores one consumer warpgroup's 64 x kN accumulator block at c (the block's element (0, 0),
 // rows ldc elements apart): c = rnd(acc (+ bias) (+ c)), one rounding of the fp32 sum, only the
 // first `rows` rows and `cols` columns. Fragment layout of m64nNk16 (fp32): acc[4j + 2h + e] is
 // row 16 warp + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + e. The bias type and accumulate are
 // template parameters so the loop has no branches but the bounds.
-template <class TC, class TB, bool kAccumulate>
+template <class TC, class TB, bool kAccumulate, int kN = kBN>
 __device__ __forceinline__ void store_block(TC* c, int64_t ldc, int rows, int cols,
                                             [[maybe_unused]] const TB* bias,
-                                            const float (&acc)[128]) {
+                                            const float (&acc)[kN / 2]) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   const int col0 = 2 * (lane % 4);
 #pragma unroll
@@ -402,7 +424,7 @@ __device__ __forceinline__ void store_block(TC* c, int64_t ldc, int rows, int co
     if (r >= rows) continue;
     TC* cr = c + r * ldc + col0;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kN / 8; ++j) {
       if (j * 8 + col0 >= cols) break;
       float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
       if constexpr (!std::is_same_v<TB, NoBias>) {
@@ -488,34 +510,72 @@ __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl,
                                    acc);
 }
 
-template <class TC, bool kAccumulate>
-__device__ __forceinline__ void store_fragment_bias(const KParams& p, const Tile& tl, int cw,
-                                                    const float (&acc)[128]) {
-  switch (p.bias_type) {
+// The folded tail's block of consumer warpgroup w = 2 rank + cw of the pair: rows [tail0,
+// row_end), columns [n0 + 64 w, n0 + 64 w + 64) below Nc.
+template <class TC, class TB, bool kAccumulate>
+__device__ __forceinline__ void store_tail(const KParams& p, const Tile& tl, int w,
+                                           const float (&acc_t)[32]) {
+  const int64_t n0 = tl.n0 + 64 * w;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(64), tl.row_end - tl.tail0));
+  const int cols = static_cast<int>(min(static_cast<int64_t>(64), p.nc - n0));
+  if (rows <= 0 || cols <= 0) return;
+  const TB* b = nullptr;
+  if constexpr (!std::is_same_v<TB, NoBias>) b = static_cast<const TB*>(p.bias) + tl.g * p.nc + n0;
+  store_block<TC, TB, kAccumulate, 64>(static_cast<TC*>(p.c) + tl.tail0 * p.nc + n0, p.nc, rows,
+                                       cols, b, acc_t);
+}
+
+// Calls f(TB{}) with the bias element type of the launch (p.bias_type; NoBias without a bias).
+template <class F>
+__device__ __forceinline__ void with_bias_type(int code, F&& f) {
+  switch (code) {
     case 1:
-      return store_fragment<TC, float, kAccumulate>(p, tl, cw, acc);
+      return f(float{});
     case 2:
-      return store_fragment<TC, __nv_bfloat16, kAccumulate>(p, tl, cw, acc);
+      return f(__nv_bfloat16{});
     case 3:
-      return store_fragment<TC, __half, kAccumulate>(p, tl, cw, acc);
+      return f(__half{});
     default:
-      return store_fragment<TC, NoBias, kAccumulate>(p, tl, cw, acc);
+      return f(NoBias{});
   }
 }
 
+// A tile's stores: store_fragment, and for a tail entry (acc_t) store_tail. acc_t is a pointer so
+// that a non-tail call site has no tail accumulators at all.
+template <class TC>
+__device__ __forceinline__ void store_tile(const KParams& p, const Tile& tl, int cw, int w,
+                                           const float (&acc)[128], const float (*acc_t)[32]) {
+  with_bias_type(p.bias_type, [&](auto tag) {
+    using TB = decltype(tag);
+    if (p.accumulate) {
+      store_fragment<TC, TB, true>(p, tl, cw, acc);
+      if (acc_t) store_tail<TC, TB, true>(p, tl, w, *acc_t);
+    } else {
+      store_fragment<TC, TB, false>(p, tl, cw, acc);
+      if (acc_t) store_tail<TC, TB, false>(p, tl, w, *acc_t);
+    }
+  });
+}
+
 // One tile's main loop for one consumer warpgroup: wait for each stage, multiply it into acc
-// (kActive), release it to the producers of both CTAs. `it` counts stages across tiles.
-template <class T, bool kBKMajor, bool kActive>
+// (kActive), and for a tail entry (kTail) the stage's tail rows by columns [64 w, 64 w + 64) of
+// the weight tile into acc_t; release the stage to the producers of both CTAs. `it` counts
+// stages across tiles.
+template <class T, bool kBKMajor, bool kFold, bool kActive, bool kTail>
 __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
-                                             uint64_t* empty, int cw, int& it, float (&acc)[128]) {
+                                             uint64_t* empty, int cw, int w, int& it,
+                                             float (&acc)[128], float (&acc_t)[32]) {
+  static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
+  static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
+  constexpr int kStageBytesR = kStageBytesRows<kFold>;
   const int lane = threadIdx.x % 32;
   int prev = -1;
   for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
     const int s = it % kStages;
     mbar_wait(&full[s], (it / kStages) & 1);
     if constexpr (kActive) {
-      const uint32_t sa = smem_addr(smem + s * kStageBytes) + cw * (64 * 128);
-      const uint32_t sb = smem_addr(smem + s * kStageBytes + kABytes);
+      const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
+      const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -523,6 +583,19 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
         const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
                                      : make_desc(sb + kk * 2048, kChunkBytes, 1024);
         wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, da, db);
+      }
+      if constexpr (kTail) {
+        // The weight tile's columns 64 w.. : 64 rows of the K-major tile (8 KiB each), or the
+        // w-th 64-column box of the MN-major one.
+        const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
+        const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t da = make_desc(st + kk * 32, 16, 1024);
+          const uint64_t db = kBKMajor ? make_desc(sw + kk * 32, 16, 1024)
+                                       : make_desc(sw + kk * 2048, kChunkBytes, 1024);
+          wgmma_m64n64k16<T, 0, kBKMajor ? 0 : 1>(acc_t, da, db);
+        }
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous k-block's products are done: release its stage
@@ -544,14 +617,15 @@ struct Pipe {
   int32_t* sched_slot;
 };
 
-// Lays out and initialises the pipeline of this CTA; the caller syncs the cluster before use.
-__device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw) {
+// Lays out and initialises the pipeline of this CTA (stages of stage_bytes); the caller syncs the
+// cluster before use.
+__device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw, int stage_bytes) {
   Pipe q;
   // 128-byte swizzled TMA boxes need 1024-byte aligned destinations. The offset is the same in
   // both CTAs of the cluster (same kernel, same shared-memory layout), as multicast needs.
   q.smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                       ~static_cast<uintptr_t>(1023));
-  q.full = reinterpret_cast<uint64_t*>(q.smem + kStages * kStageBytes);
+  q.full = reinterpret_cast<uint64_t*>(q.smem + kStages * stage_bytes);
   q.empty = q.full + kStages;
   q.sched_full = q.empty + kStages;
   q.sched_empty = q.sched_full + kSched;
@@ -608,14 +682,16 @@ __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, ui
 
 #endif  // MOE_SM90_KERNEL
 
-template <class T, bool kBKMajor, class TC>
+template <class T, bool kBKMajor, class TC, bool kFold>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     grouped_rows_kernel(const __grid_constant__ CUtensorMap tm_a,
                         const __grid_constant__ CUtensorMap tm_a64,
+                        const __grid_constant__ CUtensorMap tm_a32,
                         const __grid_constant__ CUtensorMap tm_b, const KParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
-  const Pipe pipe = init_pipe(smem_raw);
+  constexpr int kStageBytesR = kStageBytesRows<kFold>;
+  const Pipe pipe = init_pipe(smem_raw, kStageBytesR);
   uint8_t* smem = pipe.smem;
   uint64_t *full = pipe.full, *empty = pipe.empty;
   uint64_t *sched_full = pipe.sched_full, *sched_empty = pipe.sched_empty;
@@ -630,7 +706,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       int it = 0;
       uint32_t u = 0;  // schedule ring uses
       for (int t = cluster_id; t < p.tiles;) {
-        const Tile tl = decode(p, t, rank);
+        const Tile tl = decode<kFold>(p, t, rank);
         // Row halves (64 rows) past the group's end are not loaded (their products are skipped
         // and nothing of them is stored); nor are weight boxes past Nc.
         const bool half1 = tl.row0 + 64 < tl.row_end;
@@ -642,7 +718,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         constexpr uint32_t kBoxBytes = kBKMajor ? kBBytes / 2 : kChunkBytes;
         // What lands in this CTA per stage: the row tile (or its first half), and the weight
         // boxes (M-pair: both CTAs' halves, multicast; N-pair: its own column tile's).
-        const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes;
+        const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes +
+                               (kFold && tl.tail ? kTailBytes : 0);
+        // Tail entry: rank r loads the tail's rows [tail0 + 32 r, tail0 + 32 r + 32) for both
+        // CTAs (a start past M_total loads row 0 instead: never stored).
+        const int64_t t_row = tl.tail0 + 32 * rank;
+        const int tail_row = t_row < p.rows ? static_cast<int>(t_row) : 0;
         // M-pair: this CTA loads its own row tile. N-pair: rank r loads row half r (when needed)
         // for both CTAs.
         int a_row = static_cast<int>(tl.row0);
@@ -654,11 +735,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
           const int s = it % kStages;
           mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
-          uint8_t* sa = smem + s * kStageBytes;
+          uint8_t* sa = smem + s * kStageBytesR;
           uint8_t* sb = sa + kABytes;
           mbar_arrive_expect_tx(&full[s], bytes);
           // Made here, not kept live: the producer has 40 registers (setmaxnreg).
           const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(tl.banded ? 0 : p.hint_b);
+          if (kFold && tl.tail)
+            tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), &tm_a32, &full[s],
+                                  kb * kBK, tail_row, pol_a);
           if (!tl.npair) {
             if (half1) {
               tma_load_2d(sa, &tm_a, &full[s], kb * kBK, a_row, pol_a);
@@ -704,27 +788,35 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
+    const int w = 2 * static_cast<int>(rank) + cw;  // its quarter of a tail entry's columns
     float acc[128];
     int it = 0;
     uint32_t u = 0;  // schedule ring uses
     for (int t = cluster_id; t < p.tiles;) {
-      const Tile tl = decode(p, t, rank);
+      const Tile tl = decode<kFold>(p, t, rank);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       // A half past the group's end (its last row tile), or an N-pair partner past Nc, has no
       // products to compute.
       const bool active = tl.row0 + 64 * cw < tl.row_end && tl.n0 < p.nc;
-      // Two loops, not a branch per k-block: a branch around the wgmma makes ptxas fence the
-      // accumulators every k-block.
-      if (active) {
-        consume_tile<T, kBKMajor, true>(p, smem, full, empty, cw, it, acc);
+      // Separate loops, not a branch per k-block: a branch around the wgmma makes ptxas fence
+      // the accumulators every k-block.
+      if (kFold && tl.tail) {
+        float acc_t[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc_t[i] = 0.0f;
+        consume_tile<T, kBKMajor, kFold, true, kFold>(p, smem, full, empty, cw, w, it, acc, acc_t);
+        store_tile<TC>(p, tl, cw, w, acc, &acc_t);
       } else {
-        consume_tile<T, kBKMajor, false>(p, smem, full, empty, cw, it, acc);
-      }
-      if (p.accumulate) {
-        store_fragment_bias<TC, true>(p, tl, cw, acc);
-      } else {
-        store_fragment_bias<TC, false>(p, tl, cw, acc);
+        // No tail: the tail accumulators are not touched (kTail false); acc stands in for them.
+        float(&none)[32] = *reinterpret_cast<float(*)[32]>(acc);
+        if (active) {
+          consume_tile<T, kBKMajor, kFold, true, false>(p, smem, full, empty, cw, w, it, acc, none);
+        } else {
+          consume_tile<T, kBKMajor, kFold, false, false>(p, smem, full, empty, cw, w, it, acc,
+                                                         none);
+        }
+        store_tile<TC>(p, tl, cw, w, acc, nullptr);
       }
       t = p.dynamic ? sched_take_warp(sched_full, sched_empty, sched_slot, u++, rank)
                     : t + clusters;
@@ -746,7 +838,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     grouped_cols_kernel(const __grid_constant__ WParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
-  const Pipe pipe = init_pipe(smem_raw);
+  const Pipe pipe = init_pipe(smem_raw, kStageBytes);
   const uint32_t rank = cluster_rank();
   cluster_sync();
   const int wg = threadIdx.x / 128;
@@ -877,19 +969,21 @@ int cluster_count(const void* kernel, int smem_bytes) {
   return n;
 }
 
-template <class T, bool kBKMajor, class TC>
+template <class T, bool kBKMajor, class TC, bool kFold>
 void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
-  auto kernel = grouped_rows_kernel<T, kBKMajor, TC>;
+  constexpr int kSmem = kSmemBytes<kFold>;
+  auto kernel = grouped_rows_kernel<T, kBKMajor, TC, kFold>;
   static std::once_flag once;
   std::call_once(once, [&] {
     MOE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   });
   const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.rows)};
   const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p.kc) * 2};
-  const cuuint32_t a_box[2] = {kBK, kBM}, a64_box[2] = {kBK, kBM / 2};
+  const cuuint32_t a_box[2] = {kBK, kBM}, a64_box[2] = {kBK, kBM / 2}, a32_box[2] = {kBK, 32};
   const CUtensorMap tm_a = make_map(p.ab, p.a, 2, a_dims, a_strides, a_box);
   const CUtensorMap tm_a64 = make_map(p.ab, p.a, 2, a_dims, a_strides, a64_box);
+  const CUtensorMap tm_a32 = make_map(p.ab, p.a, 2, a_dims, a_strides, a32_box);
   CUtensorMap tm_b;
   if (kBKMajor) {  // b[g][n][k]
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.nc),
@@ -906,10 +1000,20 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
     const cuuint32_t box[3] = {64, kBK, 1};
     tm_b = make_map(p.ab, p.b, 3, dims, strides, box);
   }
-  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmemBytes);
+  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmem);
   const int grid = kCluster * std::min(p.tiles, max_clusters);
-  kernel<<<grid, kThreads, kSmemBytes, s>>>(tm_a, tm_a64, tm_b, kp);
+  kernel<<<grid, kThreads, kSmem, s>>>(tm_a, tm_a64, tm_a32, tm_b, kp);
   MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The kernel that folds tails only where the table does (p.fold_tail).
+template <class T, bool kBKMajor, class TC>
+void launch_rows(const RowGroupedProduct& p, const KParams& kp, Stream s) {
+  if (p.fold_tail) {
+    launch_typed<T, kBKMajor, TC, true>(p, kp, s);
+  } else {
+    launch_typed<T, kBKMajor, TC, false>(p, kp, s);
+  }
 }
 
 template <class T, class TC>
@@ -991,6 +1095,14 @@ int band_setting() {
                               e + "'");
 }
 
+bool fold_tail_setting() {
+  const char* e = std::getenv("MOE_SM90_TAIL");
+  if (!e || !*e || std::strcmp(e, "fold") == 0) return true;
+  if (std::strcmp(e, "npair") == 0) return false;
+  throw std::invalid_argument(std::string("MOE_SM90_TAIL: expected fold or npair, got '") + e +
+                              "'");
+}
+
 bool dynamic_schedule() {
   const char* e = std::getenv("MOE_SM90_SCHED");
   if (!e || !*e || std::strcmp(e, "dynamic") == 0) return true;
@@ -1009,16 +1121,21 @@ bool available() {
     if (major != 9 || minor != 0) return false;
     // The sm_90a image must be in this build (it is not when gpu/ was built for another arch).
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, grouped_rows_kernel<__nv_bfloat16, false, float>) ==
+    return cudaFuncGetAttributes(&attr, grouped_rows_kernel<__nv_bfloat16, false, float, false>) ==
                cudaSuccess &&
            attr.binaryVersion == 90;
   }();
   return ok;
 }
 
-int64_t tiles_of_group(int64_t n_g, int64_t nc) {
+int64_t tiles_of_group(int64_t n_g, int64_t nc, bool fold_tail) {
   const int64_t m_tiles = (n_g + kBM - 1) / kBM, n_tiles = (nc + kBN - 1) / kBN;
-  return m_tiles / 2 * n_tiles + m_tiles % 2 * ((n_tiles + 1) / 2);
+  return m_tiles / 2 * n_tiles +
+         (m_tiles % 2 && !(fold_tail && folds_tail(n_g))) * ((n_tiles + 1) / 2);
+}
+
+bool folds_tail(int64_t n_g) {
+  return n_g >= kCluster * kBM && (n_g + 63) / 64 % 4 == 1;
 }
 
 bool supported(const RowGroupedProduct& p) {
@@ -1058,19 +1175,19 @@ void launch(const RowGroupedProduct& p, Stream s) {
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {
-      c32 ? launch_typed<__half, true, float>(p, kp, s)
-          : launch_typed<__half, true, __half>(p, kp, s);
+      c32 ? launch_rows<__half, true, float>(p, kp, s)
+          : launch_rows<__half, true, __half>(p, kp, s);
     } else {
-      c32 ? launch_typed<__nv_bfloat16, true, float>(p, kp, s)
-          : launch_typed<__nv_bfloat16, true, __nv_bfloat16>(p, kp, s);
+      c32 ? launch_rows<__nv_bfloat16, true, float>(p, kp, s)
+          : launch_rows<__nv_bfloat16, true, __nv_bfloat16>(p, kp, s);
     }
   } else {
     if (f16) {
-      c32 ? launch_typed<__half, false, float>(p, kp, s)
-          : launch_typed<__half, false, __half>(p, kp, s);
+      c32 ? launch_rows<__half, false, float>(p, kp, s)
+          : launch_rows<__half, false, __half>(p, kp, s);
     } else {
-      c32 ? launch_typed<__nv_bfloat16, false, float>(p, kp, s)
-          : launch_typed<__nv_bfloat16, false, __nv_bfloat16>(p, kp, s);
+      c32 ? launch_rows<__nv_bfloat16, false, float>(p, kp, s)
+          : launch_rows<__nv_bfloat16, false, __nv_bfloat16>(p, kp, s);
     }
   }
 }

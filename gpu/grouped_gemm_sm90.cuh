@@ -22,7 +22,10 @@
 //     M-pair its partner would compute rows of nothing and the weight would be read twice; and a
 //     64-row half past the group's end is neither loaded nor multiplied. On the DeepSeek-like
 //     shape (groups of ~256 +- 16 rows) the M-pair-only version read 15.3 GB from DRAM for an
-//     8.7 GB minimum and ran at 42% of dense;
+//     8.7 GB minimum and ran at 42% of dense. Where the odd tile holds at most 64 rows past the
+//     M-pairs (folds_tail), the group's last M-pair computes them too instead: each of its four
+//     consumer warpgroups multiplies those rows by a quarter of the weight tile it already holds
+//     (wgmma m64n64k16 into 32 more accumulators), so the weight is streamed once;
 //   - the table lists every reader of one weight tile next to each other, groups in order, so
 //     they run at about the same time and the weight is read from DRAM once; except in a group
 //     whose row operand is far larger than L2 while its weight fits (the DeepSeek-like skewed
@@ -82,6 +85,11 @@ struct RowGroupedProduct {
   // Banded walk of large groups (band_setting()): -1 auto, 0 off, n bands of n M-pairs in every
   // group of more than n.
   int band = -1;
+  // Groups with folds_tail() compute their last 64-row slot with their last M-pair instead of as
+  // N-pairs; the launch runs the kernel variant whose stages hold those rows. Must match the
+  // table (tiles_of_group's fold_tail). Callers set it only when some group folds: that variant
+  // is 3-5% slower on the others (docs/perf.md, session 14).
+  bool fold_tail = false;
 };
 
 // MOE_SM90_BAND, the walk of a group far larger than L2 (gpu/grouped_gemm_sm90.cu, decode):
@@ -89,6 +97,11 @@ struct RowGroupedProduct {
 // under 32 MiB), "off" 0 (by column pairs everywhere), n >= 1 (bands of n M-pairs wherever a group
 // has more: tests, A/B); anything else throws std::invalid_argument naming it. Read on every call.
 int band_setting();
+
+// MOE_SM90_TAIL: unset, empty or "fold" (true), or "npair" (false: the last slot's row tile runs as
+// N-pairs, as before; A/B and tests); anything else throws std::invalid_argument naming it.
+// Read on every call.
+bool fold_tail_setting();
 
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.
@@ -99,8 +112,13 @@ bool dynamic_schedule();
 bool supported(const RowGroupedProduct& p);
 // Entries of the tile table for group g (one per cluster): with m = ceil(n_g / kTileRows) row
 // tiles and n = ceil(Nc / kTileCols) column tiles, floor(m / 2) * n M-pairs plus, for odd m,
-// ceil(n / 2) N-pairs.
-int64_t tiles_of_group(int64_t n_g, int64_t nc);
+// ceil(n / 2) N-pairs, unless fold_tail and folds_tail(n_g).
+int64_t tiles_of_group(int64_t n_g, int64_t nc, bool fold_tail);
+// Whether a group of n_g rows has a tail to fold: 4 j + 1 slots of 64 rows with j >= 1 (257..320,
+// 513..576, ... rows), i.e. at least one M-pair and one slot past the M-pairs. Its last row tile,
+// as N-pairs, would stream the group's whole weight once more for at most 64 rows (on the
+// DeepSeek-like forward, groups of 256 +- 16 rows, those N-pairs cost 0.6 ms of 3.9).
+bool folds_tail(int64_t n_g);
 void launch(const RowGroupedProduct& p, Stream s);
 
 // A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.

@@ -88,4 +88,38 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
   }
 }
 
+// d[64 x 64] += A[64 x 16] . B[16 x 64]: wgmma_m64n256k16 for a quarter of the columns (the
+// forward's folded tail rows, gpu/grouped_gemm_sm90.cu).
+#define MOE_WGMMA_REGS32                                                   \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MOE_WGMMA_OUTS32                                                                          \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+template <class T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
+  static_assert(kTransA == 0 || kTransA == 1, "kTransA");
+  static_assert(kTransB == 0 || kTransB == 1, "kTransB");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" MOE_WGMMA_REGS32
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : MOE_WGMMA_OUTS32
+        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+  } else {
+    static_assert(std::is_same_v<T, __half>, "wgmma_m64n64k16: bf16 or f16 operands");
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" MOE_WGMMA_REGS32
+        "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : MOE_WGMMA_OUTS32
+        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+  }
+}
+
 }  // namespace moe::gpu::wgmma

@@ -937,13 +937,17 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 
 }  // namespace
 
-// The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..385 rows
+// The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..545 rows
 // give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
-// group's end, and with N = 520 (3 column tiles) an N-pair whose partner is past Nc. Every element
-// of the forward and of dgrad is checked against its fp64 sum; two runs are bitwise equal.
+// group's end, folded tails (257, 300 and 545 rows: 4 m + 1 64-row slots; the last at the second
+// M-pair), and with N = 520 (3 column tiles) an N-pair whose partner is past Nc and a tail whose
+// quarters past Nc store nothing. Every element of the forward and of dgrad is checked against
+// its fp64 sum, with the tails folded (the default) and as N-pairs (MOE_SM90_TAIL=npair); two runs
+// are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
 TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
-  const std::vector<int64_t> sizes = {1, 64, 65, 128, 129, 200, 0, 256, 257, 300, 384, 385};
+  const ScopedEnv tail("MOE_SM90_TAIL");
+  const std::vector<int64_t> sizes = {1, 64, 65, 128, 129, 200, 0, 256, 257, 300, 384, 385, 545};
   int64_t used = 0;
   for (int64_t v : sizes) used += v;
   const int64_t R = used + 7, K = 256, N = 520, G = static_cast<int64_t>(sizes.size());
@@ -952,36 +956,44 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
-  int64_t calls = 0;
-  const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
-  EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
-  Sampler s{plan, K, N, {}};
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
-      for (int64_t n = 0; n < N; ++n) {
-        double want = 0, abs = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const double p = hv(kSeedX, r * K + k) * hv(kSeedW, (g * K + k) * N + n);
-          want += p;
-          abs += std::fabs(p);
-        }
-        s.check("out", r * N + n, out.at(r, n), round_to(DType::bf16, want), K, abs);
-      }
-      for (int64_t k = 0; k < K; ++k) {
-        double want = 0, abs = 0;
+  for (const char* setting : {static_cast<const char*>(nullptr), "npair"}) {
+    SCOPED_TRACE(std::string("MOE_SM90_TAIL=") + (setting ? setting : "(unset)"));
+    tail.set(setting);
+    int64_t calls = 0;
+    const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
+    Sampler s{plan, K, N, {}};
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
         for (int64_t n = 0; n < N; ++n) {
-          const double p = hv(kSeedCt, r * N + n) * hv(kSeedW, (g * K + k) * N + n);
-          want += p;
-          abs += std::fabs(p);
+          double want = 0, abs = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double p = hv(kSeedX, r * K + k) * hv(kSeedW, (g * K + k) * N + n);
+            want += p;
+            abs += std::fabs(p);
+          }
+          s.check("out", r * N + n, out.at(r, n), round_to(DType::bf16, want), K, abs);
         }
-        s.check("grad_x", r * K + k, gx.at(r, k), round_to(DType::bf16, want), N, abs);
+        for (int64_t k = 0; k < K; ++k) {
+          double want = 0, abs = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            const double p = hv(kSeedCt, r * N + n) * hv(kSeedW, (g * K + k) * N + n);
+            want += p;
+            abs += std::fabs(p);
+          }
+          s.check("grad_x", r * K + k, gx.at(r, k), round_to(DType::bf16, want), N, abs);
+        }
       }
     }
+    EXPECT_TRUE(s.bad.empty()) << s.bad.size()
+                               << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
+    const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
   }
-  EXPECT_TRUE(s.bad.empty()) << s.bad.size()
-                             << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
-  const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
-  EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
+  tail.set("fold2");
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+               std::invalid_argument);
 }
 
 // The sm90 kernel's dynamic schedule (clusters draw table entries from an atomic counter) gives
@@ -1028,14 +1040,15 @@ TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
 
 // The sm90 kernel's banded walk of large groups (decode; MOE_SM90_BAND=3 forces bands of 3
 // M-pairs wherever a group has more): a group of 2900 rows (11 M-pairs in bands 3, 3, 3, 2 and an
-// N-pair row tile), one of 1500 (two full bands), one of 700 (3 M-pairs: not banded), an empty
-// and a 5-row group; N = 1032 gives an odd column-tile count, dgrad (Nc = 256) a single one.
-// Outputs are poisoned first, so a tile the walk skips shows; the banded run must match the
-// column walk (MOE_SM90_BAND=off) bit for bit and the sampled fp64 sums.
+// N-pair row tile), one of 1537 (two full bands, its last slot folded into the last M-pair), one
+// of 700 (3 M-pairs: not banded), an empty and a 5-row group; N = 1032 gives an odd column-tile
+// count, dgrad (Nc = 256) a single one. Outputs are poisoned first, so a tile the walk skips shows;
+// the banded run must match the column walk (MOE_SM90_BAND=off) bit for bit and the sampled fp64
+// sums.
 TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv band_env("MOE_SM90_BAND");
-  const std::vector<int64_t> sizes = {2900, 0, 700, 1500, 5};
+  const std::vector<int64_t> sizes = {2900, 0, 700, 1537, 5};
   int64_t used = 0;
   for (int64_t v : sizes) used += v;
   const int64_t R = used + 3, K = 256, N = 1032, G = static_cast<int64_t>(sizes.size());
