@@ -316,6 +316,17 @@ M = [
      "tl.i0 = kCluster * q * kBM;",
      "sm90 GEMM, wgrad kernel: both CTAs of a cluster take the first row tile of their pair, so "
      "the second is never written (only GemmImpl::sm90 with sm90_wgrad)"),
+    ("068", "sm90_tail_quarter_ignores_rank", "index", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int w = 2 * static_cast<int>(rank) + cw;",
+     "const int w = cw;",
+     "sm90 GEMM, folded tail: both CTAs of the pair take the first two quarters of the weight "
+     "tile's columns, so the tail rows' last 128 columns are never written (only GemmImpl::sm90, "
+     "groups of 4 m + 1 64-row slots)"),
+    ("069", "sm90_tail_rows_second_half_twice", "offset", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int64_t t_row = tl.tail0 + 32 * rank;",
+     "const int64_t t_row = tl.tail0 + 32;",
+     "sm90 GEMM, folded tail: both CTAs load the tail's second 32 rows, so its first 32 rows are "
+     "computed from the wrong rows of x (only GemmImpl::sm90, groups of 4 m + 1 64-row slots)"),
 ]
 
 
