@@ -12,8 +12,8 @@
 #   dispatch  DispatchGpu{Ep,Regression,Errors,Determinism}, RegistryGpu/ of the ten permutation
 #             and EP ops
 #   gemm      GroupedGemmGpu, the GemmGpu tail-row cases, ChunkedGemmGpu small chunks, the sm90
-#             random shapes and wgrad kernel, GemmGpuErrors, RegistryGpu/{grouped_gemm,
-#             swiglu_expert_ffn}
+#             random shapes, pairings (folded tails) and wgrad kernel, GemmGpuErrors,
+#             RegistryGpu/{grouped_gemm, swiglu_expert_ffn}
 #   block     MoeBlockGpuRegression, InProcessCommunicatorGpu, RegistryGpu/moe_block random cases
 #   all       every family above, one after another
 # Tools default to all four. Left out everywhere: the >2^31-element tests (tens of GiB of shadow
@@ -77,6 +77,7 @@ case $family in
     default+=":ChunkedGemmGpu.SmallChunksMatchTheReference"
     default+=":Sm90GemmGpu.RandomShapesRunOnTheKernelAndMatchTheReference:GemmGpuErrors.*"
     default+=":Sm90GemmGpu.WgradMatchesTheFp64SumsEverywhere"
+    default+=":Sm90GemmGpu.EveryPairingMatchesTheFp64SumsEverywhere"
     default+=$(registry '*' "grouped_gemm swiglu_expert_ffn")
     rc_params="seed=20261122 max_success=4 max_size=8" ;;
   block)
