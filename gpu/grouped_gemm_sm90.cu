@@ -29,11 +29,12 @@ constexpr int kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kA
 constexpr int kChunkBytes = 64 * kBK * 2;  // one 64-column box of an MN-major B stage
 // The forward / dgrad kernel that folds tails (kFold, see decode) also holds a group's tail rows
 // in each stage: 64 rows of the row operand, each CTA of the pair loading 32 and multicasting
-// them. The other kernels' stages are kStageBytes: measured on H100, the larger stages alone
-// (less L1) and the tail code made the forward 3-5% slower where no group has a tail.
+// them. The other kernels' stages are kStageBytes: on H100 (docs/perf.md, session 14) the larger
+// stages alone (less L1) made the forward 1-6% slower, the tail code in the same kernel 3-10%.
 constexpr int kTailBytes = 64 * kBK * 2;
-template <bool kFold>
-constexpr int kStageBytesRows = kStageBytes + (kFold ? kTailBytes : 0);
+constexpr int stage_bytes_rows(bool fold) {
+  return kStageBytes + (fold ? kTailBytes : 0);
+}
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
 constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing one weight tile
 // Dynamic schedule: a ring of kSched table entries handed from rank 0's producer to every reader
@@ -45,10 +46,11 @@ constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing o
 constexpr int kSched = 2;
 constexpr int kSchedReaders = kCluster * (kThreads - 128) / 32 + (kCluster - 1);
 // Stages, then the full / empty barriers of the stages and of the schedule ring, then its slots.
-template <bool kFold>
-constexpr int kSmemBytes = kStages* kStageBytesRows<kFold> + 1024 /* alignment */ +
-                           (2 * kStages + 2 * kSched) * 8 + kSched * 4;
-static_assert(kSmemBytes<true> <= 227 * 1024, "shared memory");
+constexpr int smem_bytes_rows(bool fold) {
+  return kStages * stage_bytes_rows(fold) + 1024 /* alignment */ + (2 * kStages + 2 * kSched) * 8 +
+         kSched * 4;
+}
+static_assert(smem_bytes_rows(true) <= 227 * 1024, "shared memory");
 // wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp at kStageOutAt
 // from the aligned base, past the stages, barriers and slots.
 constexpr int kStageOutBytes = 2048, kStageOutAt = kStages * kStageBytes + 128;
@@ -112,14 +114,14 @@ __device__ __forceinline__ int group_of(const int32_t* tile_start, int groups, i
 
 // Entries of group g, per column pair q (columns 2q, 2q + 1): the M-pairs of column 2q, those of
 // column 2q + 1, then (odd row-tile count, unless the kFold kernel folds it into the last M-pair:
-// folds_tail) the N-pair of the last row tile. So every reader of a
-// weight tile is adjacent in the table and runs at about the same time (the weight is read from
-// DRAM once). A group of more than p.band_over M-pairs (its row operand much larger than L2) is
-// walked in bands of p.band_pairs M-pairs instead: each band's M-pairs for column 0, 1, ..., then
-// the next band, the N-pairs last. There the row operand, not the weight, is what must not be
-// re-read: by columns, every column tile would stream the whole row operand from DRAM again; by
-// bands, a band's rows are read once while the group's weight (every column) stays in L2. Must
-// match tiles_of_group() (kFold: RowGroupedProduct::fold_tail).
+// folds_tail) the N-pair of the last row tile. So every reader of a weight tile is adjacent in
+// the table and runs at about the same time (the weight is read from DRAM once). A group of more
+// than p.band_over M-pairs (its row operand much larger than L2) is walked in bands of p.band_pairs
+// M-pairs instead: each band's M-pairs for column 0, 1, ..., then the next band, the N-pairs last.
+// There the row operand, not the weight, is what must not be re-read: by columns, every column tile
+// would stream the whole row operand from DRAM again; by bands, a band's rows are read once while
+// the group's weight (every column) stays in L2. Must match tiles_of_group() (kFold:
+// RowGroupedProduct::fold_tail).
 template <bool kFold>
 __device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
   Tile tl;
@@ -567,7 +569,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
                                              float (&acc)[128], float (&acc_t)[32]) {
   static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
   static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
-  constexpr int kStageBytesR = kStageBytesRows<kFold>;
+  constexpr int kStageBytesR = stage_bytes_rows(kFold);
   const int lane = threadIdx.x % 32;
   int prev = -1;
   for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
@@ -690,7 +692,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap tm_b, const KParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
-  constexpr int kStageBytesR = kStageBytesRows<kFold>;
+  constexpr int kStageBytesR = stage_bytes_rows(kFold);
   const Pipe pipe = init_pipe(smem_raw, kStageBytesR);
   uint8_t* smem = pipe.smem;
   uint64_t *full = pipe.full, *empty = pipe.empty;
@@ -971,7 +973,7 @@ int cluster_count(const void* kernel, int smem_bytes) {
 
 template <class T, bool kBKMajor, class TC, bool kFold>
 void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
-  constexpr int kSmem = kSmemBytes<kFold>;
+  constexpr int kSmem = smem_bytes_rows(kFold);
   auto kernel = grouped_rows_kernel<T, kBKMajor, TC, kFold>;
   static std::once_flag once;
   std::call_once(once, [&] {
@@ -1095,12 +1097,13 @@ int band_setting() {
                               e + "'");
 }
 
-bool fold_tail_setting() {
+int fold_tail_setting() {
   const char* e = std::getenv("MOE_SM90_TAIL");
-  if (!e || !*e || std::strcmp(e, "fold") == 0) return true;
-  if (std::strcmp(e, "npair") == 0) return false;
-  throw std::invalid_argument(std::string("MOE_SM90_TAIL: expected fold or npair, got '") + e +
-                              "'");
+  if (!e || !*e || std::strcmp(e, "auto") == 0) return -1;
+  if (std::strcmp(e, "fold") == 0) return 1;
+  if (std::strcmp(e, "npair") == 0) return 0;
+  throw std::invalid_argument(std::string("MOE_SM90_TAIL: expected auto, fold or npair, got '") +
+                              e + "'");
 }
 
 bool dynamic_schedule() {
@@ -1136,6 +1139,16 @@ int64_t tiles_of_group(int64_t n_g, int64_t nc, bool fold_tail) {
 
 bool folds_tail(int64_t n_g) {
   return n_g >= kCluster * kBM && (n_g + 63) / 64 % 4 == 1;
+}
+
+bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc) {
+  int64_t table = 0, saved = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t plain = tiles_of_group(sizes[g], nc, false);
+    table += plain;
+    saved += plain - tiles_of_group(sizes[g], nc, true);
+  }
+  return saved > 0 && saved * 10 >= table;
 }
 
 bool supported(const RowGroupedProduct& p) {

@@ -87,8 +87,7 @@ struct RowGroupedProduct {
   int band = -1;
   // Groups with folds_tail() compute their last 64-row slot with their last M-pair instead of as
   // N-pairs; the launch runs the kernel variant whose stages hold those rows. Must match the
-  // table (tiles_of_group's fold_tail). Callers set it only when some group folds: that variant
-  // is 3-5% slower on the others (docs/perf.md, session 14).
+  // table (tiles_of_group's fold_tail). See fold_tail_pays for when to set it.
   bool fold_tail = false;
 };
 
@@ -98,10 +97,10 @@ struct RowGroupedProduct {
 // has more: tests, A/B); anything else throws std::invalid_argument naming it. Read on every call.
 int band_setting();
 
-// MOE_SM90_TAIL: unset, empty or "fold" (true), or "npair" (false: the last slot's row tile runs as
-// N-pairs, as before; A/B and tests); anything else throws std::invalid_argument naming it.
-// Read on every call.
-bool fold_tail_setting();
+// MOE_SM90_TAIL: unset, empty or "auto" -1 (fold where fold_tail_pays), "fold" 1 (wherever a group
+// folds: tests, A/B), "npair" 0 (never: the last slot's row tile runs as N-pairs); anything else
+// throws std::invalid_argument naming it. Read on every call.
+int fold_tail_setting();
 
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.
@@ -119,6 +118,13 @@ int64_t tiles_of_group(int64_t n_g, int64_t nc, bool fold_tail);
 // as N-pairs, would stream the group's whole weight once more for at most 64 rows (on the
 // DeepSeek-like forward, groups of 256 +- 16 rows, those N-pairs cost 0.6 ms of 3.9).
 bool folds_tail(int64_t n_g);
+// Whether a table over these group sizes should fold (RowGroupedProduct::fold_tail). The folding
+// kernel runs all its entries slower (H100, session 14: 3-9% where nothing folds; its larger
+// stages leave less L1), while each folding group saves ceil(n / 2) N-pair entries, each streaming
+// as much weight as an M-pair entry. So: fold where the saved entries are at least a tenth of the
+// table's. The DeepSeek-like forward (groups of 256 +- 16 rows) saves a fifth; a Mixtral-like one
+// (8 groups of ~4k rows, two of which fold) under 1%.
+bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc);
 void launch(const RowGroupedProduct& p, Stream s);
 
 // A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.

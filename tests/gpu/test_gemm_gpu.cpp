@@ -567,6 +567,51 @@ TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
   EXPECT_THAT(e, ::testing::HasSubstr("fast"));
 }
 
+// The sm90 kernel folds a group's tail (gpu/grouped_gemm_sm90.cuh, folds_tail) only where the
+// N-pair entries it saves are at least a tenth of the table (fold_tail_pays), since the folding
+// kernel is slower on every entry. Host only: the shapes of the benchmark cases, the boundary
+// (exactly a tenth folds, just under does not), and MOE_SM90_TAIL's parse.
+TEST(Sm90FoldPolicy, FoldsWhereTheSavedEntriesAreATenthOfTheTable) {
+  EXPECT_FALSE(gpu::sm90::folds_tail(256));  // 4 slots of 64 rows: no tail
+  EXPECT_TRUE(gpu::sm90::folds_tail(257));   // 5 slots
+  EXPECT_TRUE(gpu::sm90::folds_tail(320));
+  EXPECT_FALSE(gpu::sm90::folds_tail(321));  // 6 slots: a 128-row N-pair tile
+  EXPECT_FALSE(gpu::sm90::folds_tail(64));   // 1 slot, no M-pair to fold into
+  EXPECT_TRUE(gpu::sm90::folds_tail(545));   // 9 slots
+  // DeepSeek-like: half the groups of 264 rows (fold), half of 248; fwd (Nc 2048) and dgrad (7168)
+  // save a fifth of the table.
+  std::vector<int64_t> ds(256);
+  for (size_t g = 0; g < ds.size(); ++g) ds[g] = g % 2 ? 264 : 248;
+  EXPECT_TRUE(gpu::sm90::fold_tail_pays(ds.data(), 256, 2048));
+  EXPECT_TRUE(gpu::sm90::fold_tail_pays(ds.data(), 256, 7168));
+  // GemmBench's mixtral_uniform groups: two fold (4143 and 4137 rows), saving 56 forward entries
+  // of 7252.
+  const std::vector<int64_t> mx = {4143, 4095, 4008, 4222, 4093, 4023, 4137, 4047};
+  EXPECT_FALSE(gpu::sm90::fold_tail_pays(mx.data(), 8, 14336));
+  EXPECT_FALSE(gpu::sm90::fold_tail_pays(mx.data(), 8, 4096));
+  // Nothing folds: nothing to gain.
+  const std::vector<int64_t> none(8, 256);
+  EXPECT_FALSE(gpu::sm90::fold_tail_pays(none.data(), 8, 2048));
+  // One column tile: the 257-row group's table is 2 entries (1 saved), each 256-row group's 1.
+  std::vector<int64_t> tenth(9, 256), under(10, 256);
+  tenth[0] = under[0] = 257;
+  EXPECT_TRUE(gpu::sm90::fold_tail_pays(tenth.data(), 9, 256)) << "1 entry saved of 10";
+  EXPECT_FALSE(gpu::sm90::fold_tail_pays(under.data(), 10, 256)) << "1 entry saved of 11";
+  const ScopedEnv env("MOE_SM90_TAIL");
+  env.set(nullptr);
+  EXPECT_EQ(gpu::sm90::fold_tail_setting(), -1);
+  env.set("auto");
+  EXPECT_EQ(gpu::sm90::fold_tail_setting(), -1);
+  env.set("fold");
+  EXPECT_EQ(gpu::sm90::fold_tail_setting(), 1);
+  env.set("npair");
+  EXPECT_EQ(gpu::sm90::fold_tail_setting(), 0);
+  env.set("folded");
+  const std::string e = error_of([] { gpu::sm90::fold_tail_setting(); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_TAIL"));
+  EXPECT_THAT(e, ::testing::HasSubstr("folded"));
+}
+
 // The products keep cuBLAS handles (32 MiB of workspace each, plus cuBLAS's own allocations),
 // forked streams and staging buffers between calls. Worker threads that exit (check -j) must hand
 // theirs on rather than leak them, entries of streams the caller destroyed must stay bounded, and
@@ -942,8 +987,8 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 // group's end, folded tails (257, 300 and 545 rows: 4 m + 1 64-row slots; the last at the second
 // M-pair), and with N = 520 (3 column tiles) an N-pair whose partner is past Nc and a tail whose
 // quarters past Nc store nothing. Every element of the forward and of dgrad is checked against
-// its fp64 sum, with the tails folded (the default) and as N-pairs (MOE_SM90_TAIL=npair); two runs
-// are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
+// its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto folds these sizes) and as N-pairs
+// (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
 TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv tail("MOE_SM90_TAIL");
@@ -956,6 +1001,9 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
+  // Unset (auto) must run the folding kernel here: fwd saves 6 entries of 46, dgrad 3 of 18.
+  EXPECT_TRUE(gpu::sm90::fold_tail_pays(sizes.data(), G, N) &&
+              gpu::sm90::fold_tail_pays(sizes.data(), G, K));
   for (const char* setting : {static_cast<const char*>(nullptr), "npair"}) {
     SCOPED_TRACE(std::string("MOE_SM90_TAIL=") + (setting ? setting : "(unset)"));
     tail.set(setting);
@@ -1040,14 +1088,16 @@ TEST(Sm90GemmGpu, DynamicScheduleMatchesTheStaticOneBitwise) {
 
 // The sm90 kernel's banded walk of large groups (decode; MOE_SM90_BAND=3 forces bands of 3
 // M-pairs wherever a group has more): a group of 2900 rows (11 M-pairs in bands 3, 3, 3, 2 and an
-// N-pair row tile), one of 1537 (two full bands, its last slot folded into the last M-pair), one
-// of 700 (3 M-pairs: not banded), an empty and a 5-row group; N = 1032 gives an odd column-tile
+// N-pair row tile), one of 1537 (two full bands, its last slot folded into the last M-pair:
+// MOE_SM90_TAIL=fold, as auto would not fold 3 entries of 109), one of 700 (3 M-pairs: not
+// banded), an empty and a 5-row group; N = 1032 gives an odd column-tile
 // count, dgrad (Nc = 256) a single one. Outputs are poisoned first, so a tile the walk skips shows;
 // the banded run must match the column walk (MOE_SM90_BAND=off) bit for bit and the sampled fp64
 // sums.
 TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   MOE_SKIP_WITHOUT_SM90();
-  const ScopedEnv band_env("MOE_SM90_BAND");
+  const ScopedEnv band_env("MOE_SM90_BAND"), tail_env("MOE_SM90_TAIL");
+  tail_env.set("fold");
   const std::vector<int64_t> sizes = {2900, 0, 700, 1537, 5};
   int64_t used = 0;
   for (int64_t v : sizes) used += v;
