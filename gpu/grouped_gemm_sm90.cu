@@ -559,46 +559,21 @@ __device__ __forceinline__ void store_tile(const KParams& p, const Tile& tl, int
   });
 }
 
-// One tile's main loop for one consumer warpgroup: wait for each stage, multiply it into acc
-// (kActive), and for a tail entry (kTail) the stage's tail rows by columns [64 w, 64 w + 64) of
-// the weight tile into acc_t; release the stage to the producers of both CTAs. `it` counts
-// stages across tiles.
-template <class T, bool kBKMajor, bool kFold, bool kActive, bool kTail>
-__device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
-                                             uint64_t* empty, int cw, int w, int& it,
-                                             float (&acc)[128], float (&acc_t)[32]) {
-  static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
-  static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
-  constexpr int kStageBytesR = stage_bytes_rows(kFold);
+// The stage loop of every consumer warpgroup: for each of k_blocks stages, wait for it, and
+// (kActive) issue its products (mma(s), between the fence and the commit) and wait for the previous
+// block's; release the previous stage to the producers of both CTAs (the peer's multicast writes
+// this CTA's copy). `it` counts stages across tiles.
+template <bool kActive, class Mma>
+__device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, int k_blocks,
+                                               int& it, Mma&& mma) {
   const int lane = threadIdx.x % 32;
   int prev = -1;
-  for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
     const int s = it % kStages;
     mbar_wait(&full[s], (it / kStages) & 1);
     if constexpr (kActive) {
-      const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
-      const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
-        const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
-                                     : make_desc(sb + kk * 2048, kChunkBytes, 1024);
-        wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, da, db);
-      }
-      if constexpr (kTail) {
-        // The weight tile's columns 64 w.. : 64 rows of the K-major tile (8 KiB each), or the
-        // w-th 64-column box of the MN-major one.
-        const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
-        const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          const uint64_t da = make_desc(st + kk * 32, 16, 1024);
-          const uint64_t db = kBKMajor ? make_desc(sw + kk * 32, 16, 1024)
-                                       : make_desc(sw + kk * 2048, kChunkBytes, 1024);
-          wgmma_m64n64k16<T, 0, kBKMajor ? 0 : 1>(acc_t, da, db);
-        }
-      }
+      mma(s);
       wgmma_commit();
       wgmma_wait<1>();  // the previous k-block's products are done: release its stage
     }
@@ -609,6 +584,42 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
   if constexpr (kActive) wgmma_wait<0>();
   if (prev >= 0 && lane == 0)
     for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+}
+
+// One forward / dgrad tile for one consumer warpgroup (consume_stages): its 64 rows of the stage's
+// row tile (K-major) by the weight tile into acc, and for a tail entry (kTail) the stage's tail
+// rows by columns [64 w, 64 w + 64) of the weight tile into acc_t.
+template <class T, bool kBKMajor, bool kFold, bool kActive, bool kTail>
+__device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
+                                             uint64_t* empty, int cw, int w, int& it,
+                                             float (&acc)[128], float (&acc_t)[32]) {
+  static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
+  static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
+  constexpr int kStageBytesR = stage_bytes_rows(kFold);
+  consume_stages<kActive>(full, empty, p.k_blocks, it, [&](int s) {
+    const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
+    const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
+      const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
+                                   : make_desc(sb + kk * 2048, kChunkBytes, 1024);
+      wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, da, db);
+    }
+    if constexpr (kTail) {
+      // The weight tile's columns 64 w.. : 64 rows of the K-major tile (8 KiB each), or the
+      // w-th 64-column box of the MN-major one.
+      const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
+      const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t da = make_desc(st + kk * 32, 16, 1024);
+        const uint64_t db = kBKMajor ? make_desc(sw + kk * 32, 16, 1024)
+                                     : make_desc(sw + kk * 2048, kChunkBytes, 1024);
+        wgmma_m64n64k16<T, 0, kBKMajor ? 0 : 1>(acc_t, da, db);
+      }
+    }
+  });
 }
 
 // The shared-memory layout of both kernels: the stages, then the full / empty barriers of the
@@ -648,38 +659,23 @@ __device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw, int stage_bytes) {
   return q;
 }
 
-// One wgrad tile's main loop for one consumer warpgroup (see consume_tile): k_blocks blocks of
-// 64 rows of the group (rows past its end zero-filled by TMA). Stage: a_g's columns [i0, i0 + 64)
-// and [i0 + 64, i0 + 128) (one box per warpgroup), then b_g's four 64-column boxes; both
-// operands MN-major.
+// One wgrad tile for one consumer warpgroup (consume_stages): k_blocks blocks of 64 rows of the
+// group (rows past its end zero-filled by TMA). Stage: a_g's columns [i0, i0 + 64) and
+// [i0 + 64, i0 + 128) (one box per warpgroup), then b_g's four 64-column boxes; both operands
+// MN-major.
 template <class T, bool kActive>
 __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, uint64_t* empty,
                                                int cw, int k_blocks, int& it, float (&acc)[128]) {
-  const int lane = threadIdx.x % 32;
-  int prev = -1;
-  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int s = it % kStages;
-    mbar_wait(&full[s], (it / kStages) & 1);
+  consume_stages<kActive>(full, empty, k_blocks, it, [&](int s) {
     uint8_t* stage = smem + s * kStageBytes;
-    if constexpr (kActive) {
-      const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
-      wgmma_fence();
+    const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
-        const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
-        wgmma_m64n256k16<T, 1, 1>(acc, da, db);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
+      const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
+      wgmma_m64n256k16<T, 1, 1>(acc, da, db);
     }
-    if (prev >= 0 && lane == 0)
-      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
-    prev = s;
-  }
-  if constexpr (kActive) wgmma_wait<0>();
-  if (prev >= 0 && lane == 0)
-    for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+  });
 }
 
 #endif  // MOE_SM90_KERNEL
