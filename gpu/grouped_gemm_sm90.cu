@@ -1079,6 +1079,14 @@ void band_params(const RowGroupedProduct& p, KParams& kp) {
   }
 }
 
+// The wgrad table of one group: i-pairs of c[g]'s row tiles by column tiles (decode_w).
+int64_t col_pairs(int64_t mc) {
+  return ((mc + kBM - 1) / kBM + 1) / 2;
+}
+int64_t col_tiles(int64_t nc) {
+  return (nc + kBN - 1) / kBN;
+}
+
 }  // namespace
 
 int band_setting() {
@@ -1202,9 +1210,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
 }
 
 int64_t col_tiles_of_group(int64_t n_g, int64_t mc, int64_t nc) {
-  if (n_g <= 0) return 0;
-  const int64_t m_tiles = (mc + kBM - 1) / kBM, n_tiles = (nc + kBN - 1) / kBN;
-  return (m_tiles + 1) / 2 * n_tiles;
+  return n_g <= 0 ? 0 : col_pairs(mc) * col_tiles(nc);
 }
 
 bool supported(const ColGroupedProduct& p) {
@@ -1245,8 +1251,8 @@ void launch(const ColGroupedProduct& p, Stream s) {
   static_assert(sizeof(WgradGroup) == sizeof(int4), "record");
   kp.groups = reinterpret_cast<const int4*>(p.group_list);
   kp.tiles = p.tiles;
-  kp.n_tiles = static_cast<int>((p.nc + kBN - 1) / kBN);
-  kp.m_pairs = static_cast<int>(((p.mc + kBM - 1) / kBM + 1) / 2);
+  kp.n_tiles = static_cast<int>(col_tiles(p.nc));
+  kp.m_pairs = static_cast<int>(col_pairs(p.mc));
   kp.per_group = kp.m_pairs * kp.n_tiles;
   kp.maps = static_cast<const CUtensorMap*>(p.maps);
   kp.n = p.groups_with_rows;
