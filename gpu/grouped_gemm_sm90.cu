@@ -628,10 +628,11 @@ struct Pipe {
   uint8_t* smem;
   uint64_t *full, *empty, *sched_full, *sched_empty;  // sched_empty: only rank 0's are used
   int32_t* sched_slot;
+  uint32_t rank;  // this CTA's rank in the cluster
 };
 
-// Lays out and initialises the pipeline of this CTA (stages of stage_bytes); the caller syncs the
-// cluster before use.
+// Lays out and initialises the pipeline of this CTA (stages of stage_bytes), then syncs the
+// cluster: past it, the peer may arrive on this CTA's barriers and multicast into its stages.
 __device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw, int stage_bytes) {
   Pipe q;
   // 128-byte swizzled TMA boxes need 1024-byte aligned destinations. The offset is the same in
@@ -656,6 +657,8 @@ __device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw, int stage_bytes) {
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  q.rank = cluster_rank();
+  cluster_sync();
   return q;
 }
 
@@ -690,12 +693,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
   const Pipe pipe = init_pipe(smem_raw, kStageBytesR);
+  const uint32_t rank = pipe.rank;
   uint8_t* smem = pipe.smem;
   uint64_t *full = pipe.full, *empty = pipe.empty;
   uint64_t *sched_full = pipe.sched_full, *sched_empty = pipe.sched_empty;
   int32_t* sched_slot = pipe.sched_slot;
-  const uint32_t rank = cluster_rank();
-  cluster_sync();
   const int wg = threadIdx.x / 128;
   const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
   if (wg == 0) {
@@ -837,8 +839,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
   const Pipe pipe = init_pipe(smem_raw, kStageBytes);
-  const uint32_t rank = cluster_rank();
-  cluster_sync();
+  const uint32_t rank = pipe.rank;
   const int wg = threadIdx.x / 128;
   const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
   if (wg == 0) {
