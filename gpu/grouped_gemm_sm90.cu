@@ -596,28 +596,27 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
   static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
   static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
+  // Descriptors of k-slice kk (16 deep) of a tile at base: the row operand's (K-major, rows of
+  // 128 bytes) and the weight's (K-major, or MN-major 64-column boxes kChunkBytes apart).
+  auto desc_a = [](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
+  auto desc_b = [](uint32_t base, int kk) {
+    return kBKMajor ? make_desc(base + kk * 32, 16, 1024)
+                    : make_desc(base + kk * 2048, kChunkBytes, 1024);
+  };
   consume_stages<kActive>(full, empty, p.k_blocks, it, [&](int s) {
     const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
     const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint64_t da = make_desc(sa + kk * 32, 16, 1024);
-      const uint64_t db = kBKMajor ? make_desc(sb + kk * 32, 16, 1024)
-                                   : make_desc(sb + kk * 2048, kChunkBytes, 1024);
-      wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, da, db);
-    }
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, desc_a(sa, kk), desc_b(sb, kk));
     if constexpr (kTail) {
       // The weight tile's columns 64 w.. : 64 rows of the K-major tile (8 KiB each), or the
       // w-th 64-column box of the MN-major one.
       const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
       const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        const uint64_t da = make_desc(st + kk * 32, 16, 1024);
-        const uint64_t db = kBKMajor ? make_desc(sw + kk * 32, 16, 1024)
-                                     : make_desc(sw + kk * 2048, kChunkBytes, 1024);
-        wgmma_m64n64k16<T, 0, kBKMajor ? 0 : 1>(acc_t, da, db);
-      }
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_m64n64k16<T, 0, kBKMajor ? 0 : 1>(acc_t, desc_a(st, kk), desc_b(sw, kk));
     }
   });
 }
