@@ -896,13 +896,19 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
     if (!sm90::supported(p)) return false;
   }
   if (tiles == 0) return true;
-  // Both throw on a bad MOE_SM90_SCHED / MOE_SM90_BAND: before anything is issued.
+  // All three throw on a bad MOE_SM90_SCHED / MOE_SM90_BAND / MOE_SM90_MIX: before anything is
+  // issued.
   const bool dynamic = sm90::dynamic_schedule();
   p.band = sm90::band_setting();
-  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), padded to 8.
+  const std::vector<int32_t> order =
+      sm90::mix_setting() ? sm90::mixed_order(plan.sizes.data(), tile_start.data(), G)
+                          : std::vector<int32_t>{};
+  // Layout: offsets (int64), tile table (int32), a counter per launch (int32, zero), the draw
+  // order (int32, when mixed), padded to 8.
   const size_t off_bytes = static_cast<size_t>(G + 1) * sizeof(int64_t);
   const size_t cnt_at = off_bytes + static_cast<size_t>(G + 1) * sizeof(int32_t);
-  const size_t bytes = (cnt_at + bc.size() * sizeof(int32_t) + 7) / 8 * 8;
+  const size_t order_at = cnt_at + bc.size() * sizeof(int32_t);
+  const size_t bytes = (order_at + order.size() * sizeof(int32_t) + 7) / 8 * 8;
   UploadSlot& slot = acquire_upload(bytes);
   auto* h_off = reinterpret_cast<int64_t*>(slot.host);
   auto* h_tiles = reinterpret_cast<int32_t*>(slot.host + off_bytes);
@@ -911,9 +917,12 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
     h_tiles[g] = static_cast<int32_t>(tile_start[g]);
   }
   std::fill(slot.host + cnt_at, slot.host + bytes, char{0});
+  if (!order.empty())
+    std::memcpy(slot.host + order_at, order.data(), order.size() * sizeof(int32_t));
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
   p.offsets = reinterpret_cast<const int64_t*>(slot.dev);
   p.tile_start = reinterpret_cast<const int32_t*>(slot.dev + off_bytes);
+  p.order = order.empty() ? nullptr : reinterpret_cast<const int32_t*>(slot.dev + order_at);
   p.tiles = static_cast<int32_t>(tiles);
   auto* counters = reinterpret_cast<int32_t*>(slot.dev + cnt_at);
   for (size_t i = 0; i < bc.size(); ++i) {

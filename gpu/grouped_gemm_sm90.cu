@@ -63,6 +63,7 @@ static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
 struct KParams {
   const int64_t* offsets;
   const int32_t* tile_start;
+  const int32_t* order;   // draw order (RowGroupedProduct::order) or null: table order
   int32_t* tile_counter;  // dynamic: entries drawn past the first one per cluster (zero at start)
   bool dynamic;           // false: cluster c walks entries c, c + clusters, ... (static)
   int groups, tiles, n_tiles, k_blocks;
@@ -123,7 +124,8 @@ __device__ __forceinline__ int group_of(const int32_t* tile_start, int groups, i
 // the group's weight (every column) stays in L2. Must match tiles_of_group() (kFold:
 // RowGroupedProduct::fold_tail).
 template <bool kFold>
-__device__ __forceinline__ Tile decode(const KParams& p, int t, uint32_t rank) {
+__device__ __forceinline__ Tile decode(const KParams& p, int d, uint32_t rank) {
+  const int t = p.order ? __ldg(p.order + d) : d;  // the d-th entry drawn
   Tile tl;
   tl.g = group_of(p.tile_start, p.groups, t);
   const int64_t off = __ldg(p.offsets + tl.g);
@@ -1110,6 +1112,13 @@ int fold_tail_setting() {
                               e + "'");
 }
 
+bool mix_setting() {
+  const char* e = std::getenv("MOE_SM90_MIX");
+  if (!e || !*e || std::strcmp(e, "auto") == 0) return true;
+  if (std::strcmp(e, "off") == 0) return false;
+  throw std::invalid_argument(std::string("MOE_SM90_MIX: expected auto or off, got '") + e + "'");
+}
+
 bool dynamic_schedule() {
   const char* e = std::getenv("MOE_SM90_SCHED");
   if (!e || !*e || std::strcmp(e, "dynamic") == 0) return true;
@@ -1155,6 +1164,27 @@ bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc) {
   return saved > 0 && saved * 10 >= table;
 }
 
+std::vector<int32_t> mixed_order(const int64_t* sizes, const int64_t* tile_start, int64_t groups) {
+  std::vector<int32_t> dense, stream;
+  for (int64_t g = 0; g < groups; ++g) {
+    auto& kind = sizes[g] > kDenseRows ? dense : stream;
+    for (int64_t t = tile_start[g]; t < tile_start[g + 1]; ++t)
+      kind.push_back(static_cast<int32_t>(t));
+  }
+  if (dense.empty() || stream.empty()) return {};
+  // Entry i of the order is dense while fewer than floor((i + 1) D / T) dense ones precede it: the
+  // D dense entries spread evenly over the T (Bresenham), each kind keeping its table order.
+  const int64_t D = static_cast<int64_t>(dense.size()), T = D + static_cast<int64_t>(stream.size());
+  std::vector<int32_t> order;
+  order.reserve(T);
+  size_t di = 0, si = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    const bool take_dense = static_cast<int64_t>(di) < (i + 1) * D / T;
+    order.push_back(take_dense ? dense[di++] : stream[si++]);
+  }
+  return order;
+}
+
 bool supported(const RowGroupedProduct& p) {
   if (p.ab != DType::bf16 && p.ab != DType::f16) return false;
   if (p.c_type != p.ab && p.c_type != DType::f32) return false;
@@ -1175,6 +1205,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
   KParams kp{};
   kp.offsets = p.offsets;
   kp.tile_start = p.tile_start;
+  kp.order = p.order;
   kp.tile_counter = p.tile_counter;
   kp.dynamic = p.tile_counter != nullptr;
   kp.groups = static_cast<int>(p.groups);

@@ -32,6 +32,9 @@
 //     case's 40k-row expert): there columns by turn would stream the whole row operand from DRAM
 //     once per column tile, so the table walks it in bands of rows, every column of a band
 //     together;
+//   - where some groups are dense (more than kDenseRows rows: bound by the tensor cores) and others
+//     stream their weight (bound by DRAM), clusters draw the two kinds' entries mixed evenly
+//     (mixed_order), so both run at once instead of one after the other;
 //   - clusters draw table entries from a per-launch atomic counter as they free up, not by a
 //     fixed stride: with the stride they drifted apart, the readers of one weight tile no longer
 //     ran together and re-read it from DRAM (first version, docs/perf.md: 4292 -> 4105 us,
@@ -49,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "gpu/runtime.cuh"
 #include "harness/core/dtype.h"
@@ -79,6 +83,9 @@ struct RowGroupedProduct {
   const int64_t* offsets = nullptr;     // [G + 1] group row offsets (device)
   const int32_t* tile_start = nullptr;  // [G + 1] first table entry of each group (device)
   int32_t tiles = 0;                    // tile_start[G] (see tiles_of_group)
+  // [tiles] the order clusters draw the entries in: the d-th drawn is entry order[d] (device; a
+  // permutation, see mixed_order). Null: table order.
+  const int32_t* order = nullptr;
   // Dynamic schedule: one int32 (device) that is zero when this launch's kernel starts; the
   // kernel draws table entries from it, so each launch needs its own. Null: static schedule.
   int32_t* tile_counter = nullptr;
@@ -101,6 +108,10 @@ int band_setting();
 // folds: tests, A/B), "npair" 0 (never: the last slot's row tile runs as N-pairs); anything else
 // throws std::invalid_argument naming it. Read on every call.
 int fold_tail_setting();
+
+// MOE_SM90_MIX: unset, empty or "auto" true (draw entries in mixed_order where it mixes), "off"
+// false (table order); anything else throws std::invalid_argument naming it. Read on every call.
+bool mix_setting();
 
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.
@@ -125,6 +136,18 @@ bool folds_tail(int64_t n_g);
 // table's. The DeepSeek-like forward (groups of 256 +- 16 rows) saves a fifth; a Mixtral-like one
 // (8 groups of ~4k rows, two of which fold) under 1%.
 bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc);
+// Groups of more than kDenseRows rows reuse each weight tile for many row tiles (from L2), so their
+// entries are bound by the tensor cores; the other groups' entries stream their weight from DRAM
+// for few rows, bound by bandwidth (a group of n rows does n FLOPs per weight byte; an H100's
+// ridge is about 300 FLOPs per DRAM byte).
+constexpr int64_t kDenseRows = 1024;
+// The draw order of a table (RowGroupedProduct::order) whose groups g own the entries
+// [tile_start[g], tile_start[g + 1]): the dense groups' entries (sizes[g] > kDenseRows) merged
+// evenly with the others', each kind in table order, so that at any time some clusters stream
+// weights from DRAM while the others multiply (in table order the DeepSeek-like skewed forward ran
+// its 6 dense groups and its 250 streaming ones one after the other). Empty when one kind has no
+// entries (table order is then the same).
+std::vector<int32_t> mixed_order(const int64_t* sizes, const int64_t* tile_start, int64_t groups);
 void launch(const RowGroupedProduct& p, Stream s);
 
 // A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.

@@ -982,6 +982,66 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 
 }  // namespace
 
+// The sm90 draw order (gpu/grouped_gemm_sm90.cuh, mixed_order): a permutation of the table that
+// spreads the dense groups' entries (more than kDenseRows rows) evenly among the others', each kind
+// in table order; no order where one kind is missing. Host only: the order is checked entry by
+// entry against those three properties, including on the DeepSeek-like skewed shape of GemmBench.
+TEST(Sm90MixOrder, SpreadsTheDenseGroupsEntriesEvenlyAndKeepsEachKindsOrder) {
+  auto table = [](const std::vector<int64_t>& sizes, int64_t nc) {
+    std::vector<int64_t> start(sizes.size() + 1, 0);
+    for (size_t g = 0; g < sizes.size(); ++g)
+      start[g + 1] = start[g] + gpu::sm90::tiles_of_group(sizes[g], nc, false);
+    return start;
+  };
+  auto check = [&](const std::vector<int64_t>& sizes, int64_t nc) {
+    const auto start = table(sizes, nc);
+    const int64_t G = static_cast<int64_t>(sizes.size()), T = start.back();
+    const auto order = gpu::sm90::mixed_order(sizes.data(), start.data(), G);
+    ASSERT_EQ(static_cast<int64_t>(order.size()), T);
+    std::vector<int32_t> kind_of(T);  // 1 dense, 0 streaming
+    int64_t D = 0;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t t = start[g]; t < start[g + 1]; ++t) D += kind_of[t] = sizes[g] > 1024;
+    std::vector<bool> seen(T, false);
+    int64_t last[2] = {-1, -1}, dense = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      const int32_t t = order[i];
+      ASSERT_TRUE(t >= 0 && t < T && !seen[t]) << "entry " << t << " at " << i;
+      seen[t] = true;
+      const int k = kind_of[t];
+      ASSERT_LT(last[k], t) << "kind " << k << " out of table order at " << i;
+      last[k] = t;
+      dense += k;
+      // Bresenham: after i + 1 draws, exactly floor((i + 1) D / T) were dense.
+      ASSERT_EQ(dense, (i + 1) * D / T) << "at " << i;
+    }
+  };
+  EXPECT_EQ(gpu::sm90::kDenseRows, 1024);
+  check({2000, 100, 0, 5000, 1024, 1025, 3, 300}, 2048);
+  check({1, 4000}, 520);
+  {
+    SCOPED_TRACE("GemmBench deepseek_skewed");
+    const auto ds = bench_plan({"deepseek_skewed", 8192, 8, 7168, 2048, 256, Regime::skewed});
+    check(ds.sizes, 2048);
+    check(ds.sizes, 7168);
+  }
+  // One kind only: table order (no order array).
+  const std::vector<int64_t> small = {100, 200, 1024}, large = {2000, 0, 1025};
+  EXPECT_TRUE(gpu::sm90::mixed_order(small.data(), table(small, 2048).data(), 3).empty());
+  EXPECT_TRUE(gpu::sm90::mixed_order(large.data(), table(large, 2048).data(), 3).empty());
+  const ScopedEnv env("MOE_SM90_MIX");
+  env.set(nullptr);
+  EXPECT_TRUE(gpu::sm90::mix_setting());
+  env.set("auto");
+  EXPECT_TRUE(gpu::sm90::mix_setting());
+  env.set("off");
+  EXPECT_FALSE(gpu::sm90::mix_setting());
+  env.set("on");
+  const std::string e = error_of([] { gpu::sm90::mix_setting(); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_MIX"));
+  EXPECT_THAT(e, ::testing::HasSubstr("'on'"));
+}
+
 // The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..545 rows
 // give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
 // group's end, folded tails (257, 300 and 545 rows: 4 m + 1 64-row slots; the last at the second
@@ -1127,6 +1187,142 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   gpu::DeviceTensor out(DType::bf16, {R, N});
   EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
                std::invalid_argument);
+}
+
+// The sm90 draw order (mixed_order, MOE_SM90_MIX): groups of more than 1024 rows (1100, 1500, 2100:
+// dense) and of fewer (3 .. 300: streaming; 300 folds its tail) give a mixed order; each tile
+// is still one CTA's fixed-order sum, so mixed and table order give the same bits, with the
+// dynamic and the static schedule. Outputs are poisoned first (an entry the order loses stays
+// NaN; one it repeats would need another to be lost) and sampled against fp64 sums. A bad
+// MOE_SM90_MIX throws before anything is issued.
+TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
+  MOE_SKIP_WITHOUT_SM90();
+  const ScopedEnv mix_env("MOE_SM90_MIX"), sched_env("MOE_SM90_SCHED");
+  const std::vector<int64_t> sizes = {1500, 3, 200, 0, 2100, 129, 64, 1100, 70, 300};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 9, K = 256, N = 1032, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  std::vector<int64_t> start(G + 1, 0);
+  for (int64_t g = 0; g < G; ++g)
+    start[g + 1] = start[g] + gpu::sm90::tiles_of_group(sizes[g], N, false);
+  ASSERT_FALSE(gpu::sm90::mixed_order(sizes.data(), start.data(), G).empty()) << "both kinds";
+  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.poison = true;
+  auto run = [&](const char* mix, const char* sched) {
+    mix_env.set(mix);
+    sched_env.set(sched);
+    int64_t calls = 0;
+    auto r = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_GE(calls, 2) << mix << " " << sched;
+    return r;
+  };
+  const auto [out_t, gx_t] = run("off", "dynamic");
+  for (const char* sched : {"dynamic", "static"}) {
+    SCOPED_TRACE(sched);
+    const auto [out_m, gx_m] = run("auto", sched);
+    EXPECT_TRUE(out_m.bitwise_equal(out_t)) << "fwd: mixed and table order differ";
+    EXPECT_TRUE(gx_m.bitwise_equal(gx_t)) << "dgrad: mixed and table order differ";
+  }
+  gpu::DeviceTensor d_out = gpu::DeviceTensor::upload(out_t),
+                    d_gx = gpu::DeviceTensor::upload(gx_t);
+  const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
+  EXPECT_TRUE(bad.empty()) << joined(bad);
+  mix_env.set("mixed");
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+               std::invalid_argument);
+}
+
+// Folded tails (MOE_SM90_TAIL=fold) through every path of the epilogue: a bias of f32 and of bf16
+// added before the one rounding (fwd), and accumulation into an f32 and a bf16 output (fwd and
+// dgrad). Groups of 257, 300 and 545 rows fold (545 at its second M-pair), 100 rows runs as
+// N-pairs; N = 520 gives tails whose quarters past Nc store nothing. Every element of the groups'
+// rows is checked against its fp64 value, and with accumulation the rows past the groups must keep
+// their values.
+TEST(Sm90GemmGpu, FoldedTailsAddTheBiasAndAccumulate) {
+  MOE_SKIP_WITHOUT_SM90();
+  const ScopedEnv tail("MOE_SM90_TAIL");
+  tail.set("fold");
+  constexpr uint64_t kSeedBias = 31, kSeedC = 37;
+  const std::vector<int64_t> sizes = {257, 100, 300, 545};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 5, K = 256, N = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  Sampler s{plan, K, N, {}};
+  // fp64 sums and sums of magnitudes: fwd [R, N] and dgrad [R, K] (rows of groups only).
+  std::vector<double> fs(used * N), fa(used * N), ds(used * K), da(used * K);
+  for (int64_t r = 0; r < used; ++r) {
+    const int64_t g = s.group_of(r);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const double pf = hv(kSeedX, r * K + k) * hv(kSeedW, (g * K + k) * N + n);
+        const double pd = hv(kSeedCt, r * N + n) * hv(kSeedW, (g * K + k) * N + n);
+        fs[r * N + n] += pf;
+        fa[r * N + n] += std::fabs(pf);
+        ds[r * K + k] += pd;
+        da[r * K + k] += std::fabs(pd);
+      }
+    }
+  }
+  for (const DType bt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(std::string("bias ") + std::string(dtype_name(bt)));
+    gpu::DeviceTensor bias(bt, {G, N}), out(DType::bf16, {R, N});
+    gpu::gemm_detail::fill_hash_uniform(bias, kSeedBias, -1.0, 1.0);
+    const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+    gpu::grouped_gemm_fwd_into(x, w, plan, &bias, out, nullptr, o);
+    EXPECT_EQ(gpu::gemm_detail::sm90_kernel_calls() - before, 1) << "on the kernel";
+    const Tensor got = out.download();
+    for (int64_t r = 0; r < used; ++r) {
+      const int64_t g = s.group_of(r);
+      for (int64_t n = 0; n < N; ++n) {
+        const double b = gpu::gemm_detail::hash_uniform_value(bt, kSeedBias, g * N + n, -1, 1);
+        const double want = round_to(DType::bf16, fs[r * N + n] + b);
+        s.check("out", r * N + n, got.at(r, n), want, K + 1, fa[r * N + n] + std::fabs(b));
+      }
+    }
+  }
+  for (const DType ct_type : {DType::f32, DType::bf16}) {
+    for (const gpu::GemmRole role : {gpu::GemmRole::fwd, gpu::GemmRole::dgrad}) {
+      const bool fwd = role == gpu::GemmRole::fwd;
+      SCOPED_TRACE(std::string(fwd ? "fwd" : "dgrad") + " accumulating into " +
+                   std::string(dtype_name(ct_type)));
+      const int64_t cols = fwd ? N : K;
+      gpu::DeviceTensor c(ct_type, {R, cols});
+      gpu::gemm_detail::fill_hash_uniform(c, kSeedC, -1.0, 1.0);
+      const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+      gpu::gemm_detail::grouped_product(role, plan, DType::bf16, fwd ? x.data() : ct.data(),
+                                        w.data(), ct_type, c.data(), K, N, true, nullptr, o);
+      EXPECT_EQ(gpu::gemm_detail::sm90_kernel_calls() - before, 1) << "on the kernel";
+      const Tensor got = c.download();
+      const std::vector<double>& sum = fwd ? fs : ds;
+      const std::vector<double>& mag = fwd ? fa : da;
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          const double c0 =
+              gpu::gemm_detail::hash_uniform_value(ct_type, kSeedC, r * cols + j, -1, 1);
+          if (r >= used) {
+            if (got.at(r, j) != c0)
+              s.bad.push_back("row " + std::to_string(r) + " past the groups changed");
+            continue;
+          }
+          const double want = round_to(ct_type, c0 + sum[r * cols + j]);
+          s.check(fwd ? "out" : "grad_x", r * cols + j, got.at(r, j), want, (fwd ? K : N) + 1,
+                  mag[r * cols + j] + std::fabs(c0), ct_type);
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(s.bad.empty()) << s.bad.size()
+                             << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
 }
 
 // The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
