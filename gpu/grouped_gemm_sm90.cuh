@@ -33,8 +33,9 @@
 //     once per column tile, so the table walks it in bands of rows, every column of a band
 //     together;
 //   - where some groups are dense (more than kDenseRows rows: bound by the tensor cores) and others
-//     stream their weight (bound by DRAM), clusters draw the two kinds' entries mixed evenly
-//     (mixed_order), so both run at once instead of one after the other;
+//     stream their weight (at most kStreamRows rows: bound by DRAM), clusters draw the streaming
+//     entries mixed evenly among the others (mixed_order), so both kinds run at once instead of one
+//     after the other;
 //   - clusters draw table entries from a per-launch atomic counter as they free up, not by a
 //     fixed stride: with the stride they drifted apart, the readers of one weight tile no longer
 //     ran together and re-read it from DRAM (first version, docs/perf.md: 4292 -> 4105 us,
@@ -136,17 +137,20 @@ bool folds_tail(int64_t n_g);
 // table's. The DeepSeek-like forward (groups of 256 +- 16 rows) saves a fifth; a Mixtral-like one
 // (8 groups of ~4k rows, two of which fold) under 1%.
 bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc);
-// Groups of more than kDenseRows rows reuse each weight tile for many row tiles (from L2), so their
-// entries are bound by the tensor cores; the other groups' entries stream their weight from DRAM
-// for few rows, bound by bandwidth (a group of n rows does n FLOPs per weight byte; an H100's
-// ridge is about 300 FLOPs per DRAM byte).
-constexpr int64_t kDenseRows = 1024;
+// A group of n rows does n FLOPs per byte of its weight; an H100's ridge is about 300 FLOPs per
+// DRAM byte. A group of at most kStreamRows rows (two row tiles: each weight tile is read by one
+// table entry) is bound by streaming its weight from DRAM; one of more than kDenseRows rows by the
+// tensor cores (each weight tile serves 4+ entries from L2).
+constexpr int64_t kStreamRows = 256, kDenseRows = 1024;
 // The draw order of a table (RowGroupedProduct::order) whose groups g own the entries
-// [tile_start[g], tile_start[g + 1]): the dense groups' entries (sizes[g] > kDenseRows) merged
-// evenly with the others', each kind in table order, so that at any time some clusters stream
+// [tile_start[g], tile_start[g + 1]): the streaming groups' entries (sizes[g] <= kStreamRows)
+// merged evenly with the other groups', each kind in table order, so that some clusters stream
 // weights from DRAM while the others multiply (in table order the DeepSeek-like skewed forward ran
-// its 6 dense groups and its 250 streaming ones one after the other). Empty when one kind has no
-// entries (table order is then the same).
+// its dense groups and its ~200 streaming ones one after the other). Only where the table has both
+// a dense group (above kDenseRows) and a streaming one; else empty (table order). Groups in
+// between go with the dense ones: spreading their entries apart would have their M-pairs re-read
+// weight tiles from DRAM (the Mixtral-like skewed forward, groups of 331-21487 rows, ran 6% slower
+// with them as the streaming kind).
 std::vector<int32_t> mixed_order(const int64_t* sizes, const int64_t* tile_start, int64_t groups);
 void launch(const RowGroupedProduct& p, Stream s);
 

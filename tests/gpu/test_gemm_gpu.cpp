@@ -983,25 +983,31 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 }  // namespace
 
 // The sm90 draw order (gpu/grouped_gemm_sm90.cuh, mixed_order): a permutation of the table that
-// spreads the dense groups' entries (more than kDenseRows rows) evenly among the others', each kind
-// in table order; no order where one kind is missing. Host only: the order is checked entry by
-// entry against those three properties, including on the DeepSeek-like skewed shape of GemmBench.
-TEST(Sm90MixOrder, SpreadsTheDenseGroupsEntriesEvenlyAndKeepsEachKindsOrder) {
+// spreads the streaming groups' entries (at most kStreamRows rows) evenly among the others', each
+// kind in table order, where a dense group (above kDenseRows) and a streaming one are both present;
+// else no order. Host only: every order is checked entry by entry against those properties,
+// including on GemmBench's DeepSeek-like skewed shape; its Mixtral-like skewed and DeepSeek-like
+// uniform shapes get no order.
+TEST(Sm90MixOrder, SpreadsTheStreamingGroupsEntriesEvenlyAndKeepsEachKindsOrder) {
   auto table = [](const std::vector<int64_t>& sizes, int64_t nc) {
     std::vector<int64_t> start(sizes.size() + 1, 0);
     for (size_t g = 0; g < sizes.size(); ++g)
       start[g + 1] = start[g] + gpu::sm90::tiles_of_group(sizes[g], nc, false);
     return start;
   };
+  auto order_of = [&](const std::vector<int64_t>& sizes, int64_t nc) {
+    return gpu::sm90::mixed_order(sizes.data(), table(sizes, nc).data(),
+                                  static_cast<int64_t>(sizes.size()));
+  };
   auto check = [&](const std::vector<int64_t>& sizes, int64_t nc) {
     const auto start = table(sizes, nc);
     const int64_t G = static_cast<int64_t>(sizes.size()), T = start.back();
-    const auto order = gpu::sm90::mixed_order(sizes.data(), start.data(), G);
+    const auto order = order_of(sizes, nc);
     ASSERT_EQ(static_cast<int64_t>(order.size()), T);
-    std::vector<int32_t> kind_of(T);  // 1 dense, 0 streaming
+    std::vector<int32_t> kind_of(T);  // 1 dense (above 256 rows), 0 streaming
     int64_t D = 0;
     for (int64_t g = 0; g < G; ++g)
-      for (int64_t t = start[g]; t < start[g + 1]; ++t) D += kind_of[t] = sizes[g] > 1024;
+      for (int64_t t = start[g]; t < start[g + 1]; ++t) D += kind_of[t] = sizes[g] > 256;
     std::vector<bool> seen(T, false);
     int64_t last[2] = {-1, -1}, dense = 0;
     for (int64_t i = 0; i < T; ++i) {
@@ -1016,19 +1022,22 @@ TEST(Sm90MixOrder, SpreadsTheDenseGroupsEntriesEvenlyAndKeepsEachKindsOrder) {
       ASSERT_EQ(dense, (i + 1) * D / T) << "at " << i;
     }
   };
+  EXPECT_EQ(gpu::sm90::kStreamRows, 256);
   EXPECT_EQ(gpu::sm90::kDenseRows, 1024);
-  check({2000, 100, 0, 5000, 1024, 1025, 3, 300}, 2048);
-  check({1, 4000}, 520);
-  {
-    SCOPED_TRACE("GemmBench deepseek_skewed");
-    const auto ds = bench_plan({"deepseek_skewed", 8192, 8, 7168, 2048, 256, Regime::skewed});
-    check(ds.sizes, 2048);
-    check(ds.sizes, 7168);
-  }
-  // One kind only: table order (no order array).
-  const std::vector<int64_t> small = {100, 200, 1024}, large = {2000, 0, 1025};
-  EXPECT_TRUE(gpu::sm90::mixed_order(small.data(), table(small, 2048).data(), 3).empty());
-  EXPECT_TRUE(gpu::sm90::mixed_order(large.data(), table(large, 2048).data(), 3).empty());
+  check({2000, 100, 0, 5000, 1024, 256, 257, 3, 300}, 2048);
+  check({1, 1025}, 520);
+  const auto plan = [](const char* name, int64_t tokens, int64_t topk, int64_t E, Regime r) {
+    return bench_plan({name, tokens, topk, 0, 0, E, r}).sizes;
+  };
+  const auto ds_skewed = plan("deepseek_skewed", 8192, 8, 256, Regime::skewed);
+  check(ds_skewed, 2048);
+  check(ds_skewed, 7168);
+  EXPECT_FALSE(order_of(ds_skewed, 2048).empty());
+  EXPECT_TRUE(order_of(plan("mixtral_skewed", 16384, 2, 8, Regime::skewed), 14336).empty());
+  EXPECT_TRUE(order_of(plan("deepseek_uniform", 8192, 8, 256, Regime::uniform), 2048).empty());
+  // No dense group (1024 is not above kDenseRows), or no streaming one: no order.
+  EXPECT_TRUE(order_of({100, 200, 1024, 0}, 2048).empty());
+  EXPECT_TRUE(order_of({2000, 0, 257}, 2048).empty());
   const ScopedEnv env("MOE_SM90_MIX");
   env.set(nullptr);
   EXPECT_TRUE(gpu::sm90::mix_setting());
@@ -1189,12 +1198,12 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
                std::invalid_argument);
 }
 
-// The sm90 draw order (mixed_order, MOE_SM90_MIX): groups of more than 1024 rows (1100, 1500, 2100:
-// dense) and of fewer (3 .. 300: streaming; 300 folds its tail) give a mixed order; each tile
-// is still one CTA's fixed-order sum, so mixed and table order give the same bits, with the
-// dynamic and the static schedule. Outputs are poisoned first (an entry the order loses stays
-// NaN; one it repeats would need another to be lost) and sampled against fp64 sums. A bad
-// MOE_SM90_MIX throws before anything is issued.
+// The sm90 draw order (mixed_order, MOE_SM90_MIX): groups of at most 256 rows (3 .. 200:
+// streaming), of more than 1024 (1100, 1500, 2100: dense) and in between (300, which folds its
+// tail) give a mixed order; each tile is still one CTA's fixed-order sum, so mixed and table order
+// give the same bits, with the dynamic and the static schedule. Outputs are poisoned first (an
+// entry the order loses stays NaN; one it repeats would need another to be lost) and sampled
+// against fp64 sums. A bad MOE_SM90_MIX throws before anything is issued.
 TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv mix_env("MOE_SM90_MIX"), sched_env("MOE_SM90_SCHED");
