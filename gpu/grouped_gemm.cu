@@ -1149,6 +1149,8 @@ std::string_view gemm_impl_name(GemmImpl impl) {
       return "chunked";
     case GemmImpl::sm90:
       return "sm90";
+    case GemmImpl::automatic:
+      return "auto";
   }
   return "?";
 }
@@ -1159,20 +1161,30 @@ GemmImpl parse_gemm_impl(std::string_view s) {
   if (s == "streams") return GemmImpl::streams;
   if (s == "chunked") return GemmImpl::chunked;
   if (s == "sm90") return GemmImpl::sm90;
+  if (s == "auto") return GemmImpl::automatic;
   throw std::invalid_argument("impl: unknown value '" + std::string(s) +
-                              "' (expected grouped, loop, streams, chunked or sm90)");
+                              "' (expected grouped, loop, streams, chunked, sm90 or auto)");
 }
 
-// chunked: 38% faster than streams on the DeepSeek-like uniform forward, within the run-to-run
-// spread (about 10%) of the fastest elsewhere in GemmBench on an H100 (see gpu/grouped_gemm.cuh);
-// cublasGemmGroupedBatchedEx ran at 31-38% of dense cuBLAS.
+// automatic: chunked was 38% faster than streams on the DeepSeek-like uniform forward, within the
+// run-to-run spread (about 10%) of the fastest elsewhere in GemmBench on an H100 (see
+// gpu/grouped_gemm.cuh); cublasGemmGroupedBatchedEx ran at 31-38% of dense cuBLAS; sm90 beats
+// chunked where the groups are small (kAutoSm90Rows).
 GemmImpl gemm_impl_from_env(const char* value) {
-  if (!value || !*value) return GemmImpl::chunked;
+  if (!value || !*value) return GemmImpl::automatic;
   try {
     return parse_gemm_impl(value);
   } catch (const std::invalid_argument& err) {
     throw std::invalid_argument(std::string("MOE_GEMM_IMPL: ") + err.what());
   }
+}
+
+GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan) {
+  if (impl != GemmImpl::automatic) return impl;
+  if (role == GemmRole::wgrad || !sm90::available()) return GemmImpl::chunked;
+  const int64_t with_rows =
+      std::count_if(plan.sizes.begin(), plan.sizes.end(), [](int64_t n) { return n > 0; });
+  return plan.used <= kAutoSm90Rows * with_rows ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
 bool sm90_wgrad_from_env() {
@@ -1270,7 +1282,7 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
     }
   }
   if (ps.empty()) return;
-  switch (o.impl) {
+  switch (resolve_gemm_impl(o.impl, role, plan)) {
     case GemmImpl::grouped:
       return run_grouped(ps, tab, tc, beta, s);
     case GemmImpl::loop:
@@ -1282,6 +1294,7 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
           run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
         return;
       [[fallthrough]];
+    case GemmImpl::automatic:  // resolved above; not reached
     case GemmImpl::chunked:
       if (!chunked_aligned(dtype_size(ab), a, bc, dtype_size(c_type), K, N)) {
         return run_streams(ps, tab, tc, beta, s, aux_count(o));
@@ -1462,7 +1475,7 @@ void grouped_gemm_fwd_into(const DeviceTensor& x, const DeviceTensor& w, const G
   }
   // rnd_d(sum + bias) with one rounding: in the sm90 kernel's epilogue, or an fp32 accumulator
   // and the bias epilogue.
-  if (o.impl == GemmImpl::sm90) {
+  if (resolve_gemm_impl(o.impl, GemmRole::fwd, plan) == GemmImpl::sm90) {
     gemm_detail::zero_tail_rows(plan, out.data(), sh.n, dtype_size(out.dtype()), s);
     if (run_sm90(GemmRole::fwd, plan, x.dtype(), x.data(), {{w.data(), out.data()}}, out.dtype(),
                  sh.k, sh.n, false, bias->data(), bias->dtype(), s))

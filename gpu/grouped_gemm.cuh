@@ -90,31 +90,41 @@ namespace moe::gpu {
 // are each deterministic; they need not agree bitwise with one another (cuBLAS may pick different
 // kernels for a grouped call and for a single product).
 enum class GemmImpl : uint8_t {
-  grouped,  // one cublasGemmGroupedBatchedEx call over the non-empty groups; products it
-            // cannot take (an fp32 output from 16-bit operands: bias accumulators, the FFN's
-            // grad x; or a pointer not 16-byte aligned, from odd K or N) run as `streams` does
-  loop,     // one cublasGemmEx per non-empty group, in group order on the caller's stream
-  streams,  // one cublasGemmEx per non-empty group, round-robin over 8 forked streams
-  chunked,  // fwd, dgrad: groups of up to 1024 rows cut into chunks of chunk_rows rows (chosen
-            // per plan), all chunks (of all such groups, and of the products sharing the row
-            // operand: the FFN's gate and up) in ONE pointer-array cublasGemmBatchedEx; a group's
-            // shorter last chunk multiplies a full chunk of rows into a scratch slab that one
-            // kernel copies out. Larger groups: one cublasGemmEx each on forked streams, beside
-            // the batched call. wgrad: small groups binned by size (rounded up to 64 rows), their
-            // rows copied into zero-padded blocks, one batched call per bin; larger groups as
-            // `streams`. Pointers not 16-byte aligned (K or N not a multiple of 8) fall back to
-            // `streams`.
-  sm90,     // fwd, dgrad: our own persistent TMA + wgmma kernel (gpu/grouped_gemm_sm90.cuh) on
-            // sm_90 GPUs, 16-bit operands, K and N multiples of 8, with the forward bias in its
-            // epilogue; wgrad on its own kernel when GemmOptions::sm90_wgrad, else, and whatever
-            // the kernels cannot take, as `chunked`.
+  grouped,    // one cublasGemmGroupedBatchedEx call over the non-empty groups; products it
+              // cannot take (an fp32 output from 16-bit operands: bias accumulators, the FFN's
+              // grad x; or a pointer not 16-byte aligned, from odd K or N) run as `streams` does
+  loop,       // one cublasGemmEx per non-empty group, in group order on the caller's stream
+  streams,    // one cublasGemmEx per non-empty group, round-robin over 8 forked streams
+  chunked,    // fwd, dgrad: groups of up to 1024 rows cut into chunks of chunk_rows rows (chosen
+              // per plan), all chunks (of all such groups, and of the products sharing the row
+              // operand: the FFN's gate and up) in ONE pointer-array cublasGemmBatchedEx; a group's
+              // shorter last chunk multiplies a full chunk of rows into a scratch slab that one
+              // kernel copies out. Larger groups: one cublasGemmEx each on forked streams, beside
+              // the batched call. wgrad: small groups binned by size (rounded up to 64 rows), their
+              // rows copied into zero-padded blocks, one batched call per bin; larger groups as
+              // `streams`. Pointers not 16-byte aligned (K or N not a multiple of 8) fall back to
+              // `streams`.
+  sm90,       // fwd, dgrad: our own persistent TMA + wgmma kernel (gpu/grouped_gemm_sm90.cuh) on
+              // sm_90 GPUs, 16-bit operands, K and N multiples of 8, with the forward bias in its
+              // epilogue; wgrad on its own kernel when GemmOptions::sm90_wgrad, else, and whatever
+              // the kernels cannot take, as `chunked`.
+  automatic,  // "auto", the default: per product, `sm90` for fwd and dgrad where the groups with
+              // rows average at most kAutoSm90Rows rows (each expert's weight streamed for few
+              // rows, where our kernel beats cuBLAS) and the kernel is available; else `chunked`
+              // (see resolve_gemm_impl).
 };
+// The average rows per non-empty group up to which GemmImpl::automatic runs fwd and dgrad on sm90.
+// Measured (H100, session 15, GemmBench): at 256 (DeepSeek-like, 256 experts) sm90's forward is
+// 6-11% faster than chunked's; at 4096 (Mixtral-like, 8 experts) 25-50% slower. 512 is where the
+// sm90 kernel treats the weight as streamed (evict_first); the crossover in between is not
+// measured.
+constexpr int64_t kAutoSm90Rows = 512;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
-// The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): chunked, or the
-// impl named by the environment variable MOE_GEMM_IMPL.
+// The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or
+// the impl named by the environment variable MOE_GEMM_IMPL.
 GemmImpl default_gemm_impl();
-// The default for a value of MOE_GEMM_IMPL: null or empty gives chunked; a bad name throws
+// The default for a value of MOE_GEMM_IMPL: null or empty gives automatic; a bad name throws
 // std::invalid_argument naming MOE_GEMM_IMPL.
 GemmImpl gemm_impl_from_env(const char* value);
 
@@ -182,6 +192,10 @@ void release_gemm_resources() noexcept;
 //   dgrad: c[M,K] = a[M,N] . b[K,N]^T
 //   wgrad: c[K,N] = a[M,K]^T . b[M,N]
 enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
+// The impl that runs a product of this role and plan: impl itself, except that automatic becomes
+// sm90 (fwd, dgrad; sm90::available(); groups with rows averaging at most kAutoSm90Rows rows) or
+// chunked.
+GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan);
 void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
                 Stream s = nullptr);
 

@@ -67,7 +67,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-const char* const kImpls[] = {"grouped", "loop", "streams", "chunked", "sm90"};
+const char* const kImpls[] = {"grouped", "loop", "streams", "chunked", "sm90", "auto"};
 
 std::string failure(const Case& c, const Report& r) {
   return c.line() + "\n" + r.str() + "  replay: " + replay_line(c, "gpu");
@@ -543,13 +543,41 @@ class ScopedEnv {
 }  // namespace
 
 TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
-  EXPECT_EQ(gpu::gemm_impl_from_env(nullptr), gpu::GemmImpl::chunked);
-  EXPECT_EQ(gpu::gemm_impl_from_env(""), gpu::GemmImpl::chunked);
+  EXPECT_EQ(gpu::gemm_impl_from_env(nullptr), gpu::GemmImpl::automatic);
+  EXPECT_EQ(gpu::gemm_impl_from_env(""), gpu::GemmImpl::automatic);
+  EXPECT_EQ(gpu::gemm_impl_from_env("auto"), gpu::GemmImpl::automatic);
+  EXPECT_EQ(gpu::gemm_impl_from_env("chunked"), gpu::GemmImpl::chunked);
   EXPECT_EQ(gpu::gemm_impl_from_env("sm90"), gpu::GemmImpl::sm90);
   EXPECT_EQ(gpu::gemm_impl_from_env("loop"), gpu::GemmImpl::loop);
   const std::string e = error_of([] { gpu::gemm_impl_from_env("cutlass"); });
   EXPECT_THAT(e, ::testing::HasSubstr("MOE_GEMM_IMPL"));
   EXPECT_THAT(e, ::testing::HasSubstr("cutlass"));
+}
+
+// GemmImpl::automatic (the default) runs fwd and dgrad on sm90 where the groups with rows average
+// at most kAutoSm90Rows rows and the kernel is available (else, and for wgrad, chunked); other
+// impls are kept. Host only: on a machine without the sm90 kernel, automatic is always chunked.
+TEST(GemmImplDefault, AutoPicksSm90WhereTheGroupsAreSmall) {
+  using gpu::GemmImpl;
+  using gpu::GemmRole;
+  EXPECT_EQ(gpu::kAutoSm90Rows, 512);
+  const GemmImpl small = gpu::sm90::available() ? GemmImpl::sm90 : GemmImpl::chunked;
+  // 4 groups with rows averaging 512 (the empty ones do not count), the tail rows neither.
+  const gpu::GroupPlan at = gpu::make_group_plan({1500, 0, 8, 0, 2, 538}, 2100);
+  const gpu::GroupPlan above = gpu::make_group_plan({1500, 0, 8, 0, 3, 538}, 2100);
+  const gpu::GroupPlan empty = gpu::make_group_plan({0, 0}, 10);
+  for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, at), small);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, above), GemmImpl::chunked);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, empty), small);
+  }
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, at), GemmImpl::chunked);
+  for (const GemmImpl i :
+       {GemmImpl::grouped, GemmImpl::loop, GemmImpl::streams, GemmImpl::chunked, GemmImpl::sm90}) {
+    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::fwd, at), i);
+    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::wgrad, above), i);
+  }
+  EXPECT_EQ(gpu::gemm_impl_name(GemmImpl::automatic), "auto");
 }
 
 TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
@@ -916,7 +944,7 @@ struct BenchImpl {
 
 std::vector<BenchImpl> bench_impls() {
   std::vector<BenchImpl> v;
-  for (const char* n : {"grouped", "loop", "streams", "chunked", "sm90"}) {
+  for (const char* n : {"grouped", "loop", "streams", "chunked", "sm90", "auto"}) {
     gpu::GemmOptions o;
     o.impl = gpu::parse_gemm_impl(n);
     v.push_back({n, o});
