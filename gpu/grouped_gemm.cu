@@ -1182,9 +1182,9 @@ GemmImpl gemm_impl_from_env(const char* value) {
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan) {
   if (impl != GemmImpl::automatic) return impl;
   if (role == GemmRole::wgrad || !sm90::available()) return GemmImpl::chunked;
-  const int64_t with_rows =
-      std::count_if(plan.sizes.begin(), plan.sizes.end(), [](int64_t n) { return n > 0; });
-  return plan.used <= kAutoSm90Rows * with_rows ? GemmImpl::sm90 : GemmImpl::chunked;
+  int64_t small = 0;  // rows in groups of at most kAutoSm90Rows rows
+  for (const int64_t n : plan.sizes) small += n <= kAutoSm90Rows ? n : 0;
+  return 2 * small >= plan.used ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
 bool sm90_wgrad_from_env() {

@@ -108,16 +108,18 @@ enum class GemmImpl : uint8_t {
               // sm_90 GPUs, 16-bit operands, K and N multiples of 8, with the forward bias in its
               // epilogue; wgrad on its own kernel when GemmOptions::sm90_wgrad, else, and whatever
               // the kernels cannot take, as `chunked`.
-  automatic,  // "auto", the default: per product, `sm90` for fwd and dgrad where the groups with
-              // rows average at most kAutoSm90Rows rows (each expert's weight streamed for few
-              // rows, where our kernel beats cuBLAS) and the kernel is available; else `chunked`
-              // (see resolve_gemm_impl).
+  automatic,  // "auto", the default: per product, `sm90` for fwd and dgrad where at least half
+              // the rows are in groups of at most kAutoSm90Rows rows (each expert's weight
+              // streamed for few rows, where our kernel beats cuBLAS) and the kernel is available;
+              // else `chunked` (see resolve_gemm_impl).
 };
-// The average rows per non-empty group up to which GemmImpl::automatic runs fwd and dgrad on sm90.
-// Measured (H100, session 15, GemmBench): at 256 (DeepSeek-like, 256 experts) sm90's forward is
-// 6-11% faster than chunked's; at 4096 (Mixtral-like, 8 experts) 25-50% slower. 512 is where the
-// sm90 kernel treats the weight as streamed (evict_first); the crossover in between is not
-// measured.
+// The group size up to which GemmImpl::automatic counts a group's rows as small (sm90). Measured
+// (H100, session 15, `bench`): where every group is small (DeepSeek-like uniform, groups of ~256
+// rows) sm90's forward was 14% faster than chunked's (grouped_gemm) and 5% (the FFN); where 91% of
+// the rows are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7%
+// slower, and with groups of ~4096 rows (Mixtral-like) sm90 trails by 25-50% (GemmBench). 512 is
+// where the sm90 kernel treats a weight as streamed (evict_first); the crossover between 256 and
+// 4096 is not measured.
 constexpr int64_t kAutoSm90Rows = 512;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
@@ -193,8 +195,8 @@ void release_gemm_resources() noexcept;
 //   wgrad: c[K,N] = a[M,K]^T . b[M,N]
 enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
 // The impl that runs a product of this role and plan: impl itself, except that automatic becomes
-// sm90 (fwd, dgrad; sm90::available(); groups with rows averaging at most kAutoSm90Rows rows) or
-// chunked.
+// sm90 (fwd, dgrad; sm90::available(); at least half the plan's rows in groups of at most
+// kAutoSm90Rows rows) or chunked.
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan);
 void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
                 Stream s = nullptr);

@@ -554,32 +554,6 @@ TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
   EXPECT_THAT(e, ::testing::HasSubstr("cutlass"));
 }
 
-// GemmImpl::automatic (the default) runs fwd and dgrad on sm90 where the groups with rows average
-// at most kAutoSm90Rows rows and the kernel is available (else, and for wgrad, chunked); other
-// impls are kept. Host only: on a machine without the sm90 kernel, automatic is always chunked.
-TEST(GemmImplDefault, AutoPicksSm90WhereTheGroupsAreSmall) {
-  using gpu::GemmImpl;
-  using gpu::GemmRole;
-  EXPECT_EQ(gpu::kAutoSm90Rows, 512);
-  const GemmImpl small = gpu::sm90::available() ? GemmImpl::sm90 : GemmImpl::chunked;
-  // 4 groups with rows averaging 512 (the empty ones do not count), the tail rows neither.
-  const gpu::GroupPlan at = gpu::make_group_plan({1500, 0, 8, 0, 2, 538}, 2100);
-  const gpu::GroupPlan above = gpu::make_group_plan({1500, 0, 8, 0, 3, 538}, 2100);
-  const gpu::GroupPlan empty = gpu::make_group_plan({0, 0}, 10);
-  for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, at), small);
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, above), GemmImpl::chunked);
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, empty), small);
-  }
-  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, at), GemmImpl::chunked);
-  for (const GemmImpl i :
-       {GemmImpl::grouped, GemmImpl::loop, GemmImpl::streams, GemmImpl::chunked, GemmImpl::sm90}) {
-    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::fwd, at), i);
-    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::wgrad, above), i);
-  }
-  EXPECT_EQ(gpu::gemm_impl_name(GemmImpl::automatic), "auto");
-}
-
 TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
   const ScopedEnv env("MOE_SM90_WGRAD");
   env.set(nullptr);
@@ -1009,6 +983,43 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 }
 
 }  // namespace
+
+// GemmImpl::automatic (the default) runs fwd and dgrad on sm90 where at least half the rows are in
+// groups of at most kAutoSm90Rows rows and the kernel is available (else, and for wgrad, chunked);
+// other impls are kept. Host only: on a machine without the sm90 kernel, automatic is always
+// chunked.
+TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
+  using gpu::GemmImpl;
+  using gpu::GemmRole;
+  EXPECT_EQ(gpu::kAutoSm90Rows, 512);
+  const GemmImpl small = gpu::sm90::available() ? GemmImpl::sm90 : GemmImpl::chunked;
+  // Half the rows in small groups (512 rows is small; tail rows do not count), or just under.
+  const gpu::GroupPlan at = gpu::make_group_plan({600, 0, 88, 512}, 1300);
+  const gpu::GroupPlan above = gpu::make_group_plan({601, 0, 88, 512}, 1300);
+  const gpu::GroupPlan large = gpu::make_group_plan({513, 513}, 1026);
+  const gpu::GroupPlan empty = gpu::make_group_plan({0, 0}, 10);
+  for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, at), small);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, above), GemmImpl::chunked);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, large), GemmImpl::chunked);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, empty), small);
+  }
+  // GemmBench's DeepSeek-like shapes: uniform on sm90, skewed (91% of the rows in 6 groups of
+  // more than 1024 rows) on chunked.
+  const auto bench_sizes = [](Regime r) { return bench_plan({"deepseek", 8192, 8, 0, 0, 256, r}); };
+  EXPECT_EQ(
+      gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, bench_sizes(Regime::uniform)),
+      small);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, bench_sizes(Regime::skewed)),
+            GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, at), GemmImpl::chunked);
+  for (const GemmImpl i :
+       {GemmImpl::grouped, GemmImpl::loop, GemmImpl::streams, GemmImpl::chunked, GemmImpl::sm90}) {
+    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::fwd, at), i);
+    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::wgrad, above), i);
+  }
+  EXPECT_EQ(gpu::gemm_impl_name(GemmImpl::automatic), "auto");
+}
 
 // The sm90 draw order (gpu/grouped_gemm_sm90.cuh, mixed_order): a permutation of the table that
 // spreads the streaming groups' entries (at most kStreamRows rows) evenly among the others', each
