@@ -1179,12 +1179,17 @@ GemmImpl gemm_impl_from_env(const char* value) {
   }
 }
 
-GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan) {
-  if (impl != GemmImpl::automatic) return impl;
-  if (role == GemmRole::wgrad || !sm90::available()) return GemmImpl::chunked;
+bool auto_prefers_sm90(const GroupPlan& plan) {
   int64_t small = 0;  // rows in groups of at most kAutoSm90Rows rows
   for (const int64_t n : plan.sizes) small += n <= kAutoSm90Rows ? n : 0;
-  return 2 * small >= plan.used ? GemmImpl::sm90 : GemmImpl::chunked;
+  return 2 * small >= plan.used;
+}
+
+GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan) {
+  if (impl != GemmImpl::automatic) return impl;
+  return role != GemmRole::wgrad && sm90::available() && auto_prefers_sm90(plan)
+             ? GemmImpl::sm90
+             : GemmImpl::chunked;
 }
 
 bool sm90_wgrad_from_env() {

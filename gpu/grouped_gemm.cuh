@@ -198,6 +198,9 @@ enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
 // sm90 (fwd, dgrad; sm90::available(); at least half the plan's rows in groups of at most
 // kAutoSm90Rows rows) or chunked.
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan);
+// Whether at least half the plan's rows are in groups of at most kAutoSm90Rows rows (an empty plan
+// counts as such): automatic's rule, without the availability of the kernel.
+bool auto_prefers_sm90(const GroupPlan& plan);
 void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
                 Stream s = nullptr);
 

@@ -998,6 +998,14 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   const gpu::GroupPlan above = gpu::make_group_plan({601, 0, 88, 512}, 1300);
   const gpu::GroupPlan large = gpu::make_group_plan({513, 513}, 1026);
   const gpu::GroupPlan empty = gpu::make_group_plan({0, 0}, 10);
+  // The rule itself, on every machine.
+  EXPECT_TRUE(gpu::auto_prefers_sm90(at));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(above));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(large));
+  EXPECT_TRUE(gpu::auto_prefers_sm90(empty));
+  // A 512-row group is small: exactly half the rows in small groups, or none but the 511.
+  EXPECT_TRUE(gpu::auto_prefers_sm90(gpu::make_group_plan({512, 0, 511, 1023}, 2046)));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(gpu::make_group_plan({513, 0, 511, 1022}, 2046)));
   for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, at), small);
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, above), GemmImpl::chunked);
@@ -1007,6 +1015,8 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   // GemmBench's DeepSeek-like shapes: uniform on sm90, skewed (91% of the rows in 6 groups of
   // more than 1024 rows) on chunked.
   const auto bench_sizes = [](Regime r) { return bench_plan({"deepseek", 8192, 8, 0, 0, 256, r}); };
+  EXPECT_TRUE(gpu::auto_prefers_sm90(bench_sizes(Regime::uniform)));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(bench_sizes(Regime::skewed)));
   EXPECT_EQ(
       gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, bench_sizes(Regime::uniform)),
       small);
