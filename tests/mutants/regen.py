@@ -327,6 +327,23 @@ M = [
      "const int64_t t_row = tl.tail0 + 32;",
      "sm90 GEMM, folded tail: both CTAs load the tail's second 32 rows, so its first 32 rows are "
      "computed from the wrong rows of x (only GemmImpl::sm90, groups of 4 m + 1 64-row slots)"),
+    # ---- gpu/: added in session 15 -----------------------------------------------------------
+    ("070", "sm90_mix_stream_boundary", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "auto& kind = sizes[g] > kStreamRows ? dense : stream;",
+     "auto& kind = sizes[g] >= kStreamRows ? dense : stream;",
+     "sm90 GEMM, mixed draw order: a group of exactly 256 rows counted as dense, not streaming "
+     "(a performance rule: results stay exact; caught by the host test of the order)"),
+    ("071", "sm90_mix_order_points_at_counters", "offset", "gpu/grouped_gemm.cu", 1,
+     "reinterpret_cast<const int32_t*>(slot.dev + order_at);",
+     "reinterpret_cast<const int32_t*>(slot.dev + cnt_at);",
+     "sm90 GEMM, mixed draw order: the kernel reads the order from the schedule counters' place "
+     "in the upload, so most draws decode the wrong entries and some tiles are never written "
+     "(only GemmImpl::sm90 with a dense and a streaming group)"),
+    ("072", "auto_small_group_boundary", "edge-size", "gpu/grouped_gemm.cu", 1,
+     "small += n <= kAutoSm90Rows ? n : 0;",
+     "small += n < kAutoSm90Rows ? n : 0;",
+     "GemmImpl::automatic: a group of exactly 512 rows not counted as small (a performance rule; "
+     "caught by the host test of auto_prefers_sm90)"),
 ]
 
 
