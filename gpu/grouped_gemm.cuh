@@ -63,7 +63,9 @@
 //     evict_last 12.5 GB, 4.73 ms; both evict_first 306 TFLOP/s (worst). Session 12 (dynamic
 //     tile schedule, large groups walked in bands; docs/perf.md): DeepSeek-like uniform forward
 //     3.89-4.21 ms, the same as chunked within the spread of those runs; skewed 4.76 ms against
-//     chunked's 4.46-4.48; Mixtral-like still below chunked.
+//     chunked's 4.46-4.48; Mixtral-like still below chunked. Sessions 14-15 (folded tails, a
+//     mixed draw order): DeepSeek-like uniform forward 3.6-4.05 ms against chunked's 4.08-4.35 in
+//     the same `bench` calls, so GemmImpl::automatic, the default since, runs such plans on sm90.
 //   - PyTorch's torch._grouped_mm (torch 2.11, scripts/torch_grouped_mm_baseline.py), same
 //     shapes, its own dense torch.mm alongside, two H100s: Mixtral-like 653-724 / 622-625 TFLOP/s
 //     (uniform / skewed), DeepSeek-like 489-495 / 381-383 (63-68% / 49-53% of its dense mm). On
