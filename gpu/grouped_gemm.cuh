@@ -117,11 +117,11 @@ enum class GemmImpl : uint8_t {
 };
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90). Measured
 // (H100, session 15, `bench`): where every group is small (DeepSeek-like uniform, groups of ~256
-// rows) sm90's forward was 14% faster than chunked's (grouped_gemm) and 5% (the FFN); where 91% of
-// the rows are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7%
-// slower, and with groups of ~4096 rows (Mixtral-like) sm90 trails by 25-50% (GemmBench). 512 is
-// where the sm90 kernel treats a weight as streamed (evict_first); the crossover between 256 and
-// 4096 is not measured.
+// rows) sm90's forward was 6-14% faster than chunked's (grouped_gemm, three calls) and 5% (the
+// FFN); where 91% of the rows are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's
+// fwd+bwd was 7% slower, and with groups of ~4096 rows (Mixtral-like) sm90 trails by 25-50%
+// (GemmBench). 512 is where the sm90 kernel treats a weight as streamed (evict_first); the
+// crossover between 256 and 4096 is not measured.
 constexpr int64_t kAutoSm90Rows = 512;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
