@@ -1014,13 +1014,12 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   }
   // GemmBench's DeepSeek-like shapes: uniform on sm90, skewed (91% of the rows in 6 groups of
   // more than 1024 rows) on chunked.
-  const auto bench_sizes = [](Regime r) { return bench_plan({"deepseek", 8192, 8, 0, 0, 256, r}); };
-  EXPECT_TRUE(gpu::auto_prefers_sm90(bench_sizes(Regime::uniform)));
-  EXPECT_FALSE(gpu::auto_prefers_sm90(bench_sizes(Regime::skewed)));
-  EXPECT_EQ(
-      gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, bench_sizes(Regime::uniform)),
-      small);
-  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, bench_sizes(Regime::skewed)),
+  const auto ds_plan = [](Regime r) { return bench_plan({"deepseek", 8192, 8, 0, 0, 256, r}); };
+  EXPECT_TRUE(gpu::auto_prefers_sm90(ds_plan(Regime::uniform)));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(ds_plan(Regime::skewed)));
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::uniform)),
+            small);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::skewed)),
             GemmImpl::chunked);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, at), GemmImpl::chunked);
   for (const GemmImpl i :
