@@ -344,12 +344,6 @@ M = [
      "small += n < kAutoSm90Rows ? n : 0;",
      "GemmImpl::automatic: a group of exactly 512 rows not counted as small (a performance rule; "
      "caught by the host test of auto_prefers_sm90)"),
-    ("073", "sm90_tail_second_half_skipped", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
-     "const bool tail_half1 = tl.row_end - tl.tail0 > 32;",
-     "const bool tail_half1 = tl.row_end - tl.tail0 > 48;",
-     "sm90 GEMM, folded tail: a tail of 33-48 rows is loaded as if it had at most 32, so its rows "
-     "past the 32nd are computed from stale shared memory (only GemmImpl::sm90, groups of "
-     "4 m + 1 64-row slots)"),
 ]
 
 
