@@ -719,13 +719,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         constexpr uint32_t kBoxBytes = kBKMajor ? kBBytes / 2 : kChunkBytes;
         // What lands in this CTA per stage: the row tile (or its first half), and the weight
         // boxes (M-pair: both CTAs' halves, multicast; N-pair: its own column tile's).
-        // Tail entry: rank r loads the tail's rows [tail0 + 32 r, tail0 + 32 r + 32) for both
-        // CTAs (a start past M_total loads row 0 instead: never stored). A tail of at most 32
-        // rows needs rank 0's half only: the products of the tail area's other 32 rows (stale
-        // from an earlier fill, or never written) belong to rows past the group, not stored.
-        const bool tail_half1 = tl.row_end - tl.tail0 > 32;
         const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes +
-                               (kFold && tl.tail ? (tail_half1 ? kTailBytes : kTailBytes / 2) : 0);
+                               (kFold && tl.tail ? kTailBytes : 0);
+        // Tail entry: rank r loads the tail's rows [tail0 + 32 r, tail0 + 32 r + 32) for both
+        // CTAs (a start past M_total loads row 0 instead: never stored).
         const int64_t t_row = tl.tail0 + 32 * rank;
         const int tail_row = t_row < p.rows ? static_cast<int>(t_row) : 0;
         // M-pair: this CTA loads its own row tile. N-pair: rank r loads row half r (when needed)
@@ -744,7 +741,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(&full[s], bytes);
           // Made here, not kept live: the producer has 40 registers (setmaxnreg).
           const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(tl.banded ? 0 : p.hint_b);
-          if (kFold && tl.tail && (rank == 0 || tail_half1))
+          if (kFold && tl.tail)
             tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), &tm_a32, &full[s],
                                   kb * kBK, tail_row, pol_a);
           if (!tl.npair) {
