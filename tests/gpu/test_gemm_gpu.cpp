@@ -897,7 +897,11 @@ const std::vector<BenchShape>& bench_shapes() {
       {"mixtral_uniform", 16384, 2, 4096, 14336, 8, Regime::uniform},
       {"mixtral_skewed", 16384, 2, 4096, 14336, 8, Regime::skewed},
       {"deepseek_uniform", 8192, 8, 7168, 2048, 256, Regime::uniform},
-      {"deepseek_skewed", 8192, 8, 7168, 2048, 256, Regime::skewed}};
+      {"deepseek_skewed", 8192, 8, 7168, 2048, 256, Regime::skewed},
+      // The DeepSeek-like product with fewer, larger experts: groups of ~512 and ~1024 rows,
+      // between the shapes where sm90 wins and where chunked does (GemmImpl::automatic).
+      {"deepseek_e128", 8192, 8, 7168, 2048, 128, Regime::uniform},
+      {"deepseek_e64", 8192, 8, 7168, 2048, 64, Regime::uniform}};
   return v;
 }
 
