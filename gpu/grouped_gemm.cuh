@@ -115,14 +115,14 @@ enum class GemmImpl : uint8_t {
               // streamed for few rows, where our kernel beats cuBLAS) and the kernel is available;
               // else `chunked` (see resolve_gemm_impl).
 };
-// The group size up to which GemmImpl::automatic counts a group's rows as small (sm90). Measured
-// (H100, session 15, `bench`): where every group is small (DeepSeek-like uniform, groups of ~256
-// rows) sm90's forward was 6-14% faster than chunked's (grouped_gemm, three calls) and 5% (the
-// FFN); where 91% of the rows are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's
-// fwd+bwd was 7% slower, and with groups of ~4096 rows (Mixtral-like) sm90 trails by 25-50%
-// (GemmBench). 512 is where the sm90 kernel treats a weight as streamed (evict_first); the
-// crossover between 256 and 4096 is not measured.
-constexpr int64_t kAutoSm90Rows = 512;
+// The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
+// H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
+// which the weight's stream bounds the product. Measured (H100, session 15): with groups of 211-293
+// rows (DeepSeek-like uniform) sm90's forward was 6-14% faster than chunked's (`bench`, three
+// calls) and the FFN 5%; with groups of ~512 rows (GemmBench deepseek_e128) sm90's forward was 3%
+// slower and the FFN's fwd+bwd 13%; with ~1024 (deepseek_e64) 8% and 20%; where 91% of the rows
+// are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7% slower.
+constexpr int64_t kAutoSm90Rows = 320;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
 // The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or

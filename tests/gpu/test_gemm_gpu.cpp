@@ -995,32 +995,33 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   using gpu::GemmImpl;
   using gpu::GemmRole;
-  EXPECT_EQ(gpu::kAutoSm90Rows, 512);
+  EXPECT_EQ(gpu::kAutoSm90Rows, 320);
   const GemmImpl small = gpu::sm90::available() ? GemmImpl::sm90 : GemmImpl::chunked;
-  // Half the rows in small groups (512 rows is small; tail rows do not count), or just under.
-  const gpu::GroupPlan at = gpu::make_group_plan({600, 0, 88, 512}, 1300);
-  const gpu::GroupPlan above = gpu::make_group_plan({601, 0, 88, 512}, 1300);
-  const gpu::GroupPlan large = gpu::make_group_plan({513, 513}, 1026);
+  // Half the rows in small groups (320 rows is small; tail rows do not count), or just under.
+  const gpu::GroupPlan at = gpu::make_group_plan({600, 0, 280, 320}, 1300);
+  const gpu::GroupPlan above = gpu::make_group_plan({601, 0, 280, 320}, 1300);
+  const gpu::GroupPlan large = gpu::make_group_plan({321, 321}, 700);
   const gpu::GroupPlan empty = gpu::make_group_plan({0, 0}, 10);
   // The rule itself, on every machine.
   EXPECT_TRUE(gpu::auto_prefers_sm90(at));
   EXPECT_FALSE(gpu::auto_prefers_sm90(above));
   EXPECT_FALSE(gpu::auto_prefers_sm90(large));
   EXPECT_TRUE(gpu::auto_prefers_sm90(empty));
-  // A 512-row group is small: exactly half the rows in small groups, or none but the 511.
-  EXPECT_TRUE(gpu::auto_prefers_sm90(gpu::make_group_plan({512, 0, 511, 1023}, 2046)));
-  EXPECT_FALSE(gpu::auto_prefers_sm90(gpu::make_group_plan({513, 0, 511, 1022}, 2046)));
+  // A 320-row group is small: exactly half the rows in small groups, or only the 319.
+  EXPECT_TRUE(gpu::auto_prefers_sm90(gpu::make_group_plan({320, 0, 319, 639}, 1278)));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(gpu::make_group_plan({321, 0, 319, 638}, 1278)));
   for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, at), small);
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, above), GemmImpl::chunked);
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, large), GemmImpl::chunked);
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, empty), small);
   }
-  // GemmBench's DeepSeek-like shapes: uniform on sm90, skewed (91% of the rows in 6 groups of
-  // more than 1024 rows) on chunked.
+  // GemmBench's DeepSeek-like shapes: uniform (groups of 211-293 rows) on sm90; skewed (91% of
+  // the rows in 6 groups of more than 1024 rows) and 128 experts (groups of ~512) on chunked.
   const auto ds_plan = [](Regime r) { return bench_plan({"deepseek", 8192, 8, 0, 0, 256, r}); };
   EXPECT_TRUE(gpu::auto_prefers_sm90(ds_plan(Regime::uniform)));
   EXPECT_FALSE(gpu::auto_prefers_sm90(ds_plan(Regime::skewed)));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(bench_plan({"e128", 8192, 8, 0, 0, 128, Regime::uniform})));
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::uniform)),
             small);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::skewed)),

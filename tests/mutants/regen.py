@@ -342,7 +342,7 @@ M = [
     ("072", "auto_small_group_boundary", "edge-size", "gpu/grouped_gemm.cu", 1,
      "small += n <= kAutoSm90Rows ? n : 0;",
      "small += n < kAutoSm90Rows ? n : 0;",
-     "GemmImpl::automatic: a group of exactly 512 rows not counted as small (a performance rule; "
+     "GemmImpl::automatic: a group of exactly 320 rows not counted as small (a performance rule; "
      "caught by the host test of auto_prefers_sm90)"),
 ]
 
