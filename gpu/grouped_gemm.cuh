@@ -118,7 +118,7 @@ enum class GemmImpl : uint8_t {
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
 // H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
 // which the weight's stream bounds the product. Measured (H100, session 15): with groups of 211-293
-// rows (DeepSeek-like uniform) sm90's forward was 6-14% faster than chunked's (`bench`, three
+// rows (DeepSeek-like uniform) sm90's forward was 5-14% faster than chunked's (`bench`, three
 // calls) and the FFN 5%; with groups of ~512 rows (GemmBench deepseek_e128) sm90's forward was 3%
 // slower and the FFN's fwd+bwd 13%; with ~1024 (deepseek_e64) 8% and 20%; where 91% of the rows
 // are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7% slower.
