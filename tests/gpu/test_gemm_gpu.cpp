@@ -977,6 +977,15 @@ std::pair<Tensor, Tensor> fwd_and_dgrad(const gpu::DeviceTensor& x, const gpu::D
   return {out.download(), grads.grad_x.download()};
 }
 
+// The sm90 forward's tile table over these group sizes (tail not folded): tile_start[g] is group
+// g's first entry, tile_start[G] the entry count (the host side of RowGroupedProduct::tile_start).
+std::vector<int64_t> tile_starts(const std::vector<int64_t>& sizes, int64_t nc) {
+  std::vector<int64_t> start(sizes.size() + 1, 0);
+  for (size_t g = 0; g < sizes.size(); ++g)
+    start[g + 1] = start[g] + gpu::sm90::tiles_of_group(sizes[g], nc, false);
+  return start;
+}
+
 std::string skew_summary(const gpu::GroupPlan& p) {
   int64_t mx = 0, empty = 0;
   for (int64_t v : p.sizes) {
@@ -1042,18 +1051,12 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
 // including on GemmBench's DeepSeek-like skewed shape; its Mixtral-like skewed and DeepSeek-like
 // uniform shapes get no order.
 TEST(Sm90MixOrder, SpreadsTheStreamingGroupsEntriesEvenlyAndKeepsEachKindsOrder) {
-  auto table = [](const std::vector<int64_t>& sizes, int64_t nc) {
-    std::vector<int64_t> start(sizes.size() + 1, 0);
-    for (size_t g = 0; g < sizes.size(); ++g)
-      start[g + 1] = start[g] + gpu::sm90::tiles_of_group(sizes[g], nc, false);
-    return start;
-  };
-  auto order_of = [&](const std::vector<int64_t>& sizes, int64_t nc) {
-    return gpu::sm90::mixed_order(sizes.data(), table(sizes, nc).data(),
+  auto order_of = [](const std::vector<int64_t>& sizes, int64_t nc) {
+    return gpu::sm90::mixed_order(sizes.data(), tile_starts(sizes, nc).data(),
                                   static_cast<int64_t>(sizes.size()));
   };
   auto check = [&](const std::vector<int64_t>& sizes, int64_t nc) {
-    const auto start = table(sizes, nc);
+    const auto start = tile_starts(sizes, nc);
     const int64_t G = static_cast<int64_t>(sizes.size()), T = start.back();
     const auto order = order_of(sizes, nc);
     ASSERT_EQ(static_cast<int64_t>(order.size()), T);
@@ -1265,10 +1268,8 @@ TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
   for (int64_t v : sizes) used += v;
   const int64_t R = used + 9, K = 256, N = 1032, G = static_cast<int64_t>(sizes.size());
   const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  std::vector<int64_t> start(G + 1, 0);
-  for (int64_t g = 0; g < G; ++g)
-    start[g + 1] = start[g] + gpu::sm90::tiles_of_group(sizes[g], N, false);
-  ASSERT_FALSE(gpu::sm90::mixed_order(sizes.data(), start.data(), G).empty()) << "both kinds";
+  ASSERT_FALSE(gpu::sm90::mixed_order(sizes.data(), tile_starts(sizes, N).data(), G).empty())
+      << "both kinds";
   const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
   const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
   gpu::GemmOptions o;
