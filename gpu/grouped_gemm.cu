@@ -1179,17 +1179,20 @@ GemmImpl gemm_impl_from_env(const char* value) {
   }
 }
 
-bool auto_prefers_sm90(const GroupPlan& plan) {
-  int64_t small = 0;  // rows in groups of at most kAutoSm90Rows rows
-  for (const int64_t n : plan.sizes) small += n <= kAutoSm90Rows ? n : 0;
+bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows) {
+  int64_t small = 0;  // rows in groups of at most max_rows rows
+  for (const int64_t n : plan.sizes) small += n <= max_rows ? n : 0;
   return 2 * small >= plan.used;
 }
 
-GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan) {
+GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
+                           bool wgrad_tma_epilogue) {
   if (impl != GemmImpl::automatic) return impl;
-  return role != GemmRole::wgrad && sm90::available() && auto_prefers_sm90(plan)
-             ? GemmImpl::sm90
-             : GemmImpl::chunked;
+  if (!sm90::available()) return GemmImpl::chunked;
+  if (role == GemmRole::wgrad)
+    return wgrad_tma_epilogue && auto_prefers_sm90(plan, kAutoWgradRows) ? GemmImpl::sm90
+                                                                         : GemmImpl::chunked;
+  return auto_prefers_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
 bool sm90_wgrad_from_env() {
@@ -1287,7 +1290,9 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
     }
   }
   if (ps.empty()) return;
-  switch (resolve_gemm_impl(o.impl, role, plan)) {
+  // automatic sends wgrad to the sm90 kernel only where its TMA-store epilogue runs: a 16-bit
+  // gradient written, not accumulated.
+  switch (resolve_gemm_impl(o.impl, role, plan, c_type == ab && !accumulate)) {
     case GemmImpl::grouped:
       return run_grouped(ps, tab, tc, beta, s);
     case GemmImpl::loop:
@@ -1295,7 +1300,7 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
     case GemmImpl::streams:
       return run_streams(ps, tab, tc, beta, s, aux_count(o));
     case GemmImpl::sm90:
-      if ((role != GemmRole::wgrad || o.sm90_wgrad) &&
+      if ((role != GemmRole::wgrad || o.sm90_wgrad || o.impl == GemmImpl::automatic) &&
           run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
         return;
       [[fallthrough]];

@@ -41,7 +41,8 @@
 //     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
 //     copy speed).
 //   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked
-//     unless GemmOptions::sm90_wgrad: its own kernel, at parity with cuBLAS, docs/perf.md),
+//     unless GemmOptions::sm90_wgrad: its own kernel, 10-15% faster than cuBLAS with groups of
+//     up to ~1024 rows since session 16, slower on the Mixtral-like shapes, docs/perf.md),
 //     GemmBench on an H100, bf16, TFLOP/s (% of the dense GEMM timed in the same run):
 //                                       session 3 (two runs)         session 4 (final run)
 //       Mixtral-like uniform / skewed   fwd 647 (81%), 641 (82%)     581 (72%) / 567 (77%)
@@ -112,8 +113,10 @@ enum class GemmImpl : uint8_t {
               // the kernels cannot take, as `chunked`.
   automatic,  // "auto", the default: per product, `sm90` for fwd and dgrad where at least half
               // the rows are in groups of at most kAutoSm90Rows rows (each expert's weight
-              // streamed for few rows, where our kernel beats cuBLAS) and the kernel is available;
-              // else `chunked` (see resolve_gemm_impl).
+              // streamed for few rows, where our kernel beats cuBLAS), for wgrad (its own kernel)
+              // where at least half are in groups of at most kAutoWgradRows and the gradient is
+              // 16-bit and not accumulated, when the kernel is available; else `chunked` (see
+              // resolve_gemm_impl).
 };
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
 // H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
@@ -123,6 +126,13 @@ enum class GemmImpl : uint8_t {
 // slower and the FFN's fwd+bwd 13%; with ~1024 (deepseek_e64) 8% and 20%; where 91% of the rows
 // are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7% slower.
 constexpr int64_t kAutoSm90Rows = 320;
+// The same bound for wgrad on the sm90 kernel (its TMA-store epilogue overlaps writing each tile
+// of the gradient with the next tile's products; cuBLAS's per-group products stop for it).
+// Measured (H100, session 16, GemmBench wgrad): the kernel was 10-12% faster than chunked with
+// groups of 211-293 rows (DeepSeek-like uniform), 12-15% with ~512 (deepseek_e128) and ~1024
+// (deepseek_e64); tied where 91% of the rows are in 6 groups of 1103-39830 rows (DeepSeek-like
+// skewed); 7-15% slower with ~4096 (Mixtral-like uniform).
+constexpr int64_t kAutoWgradRows = 2048;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
 // The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or
@@ -142,10 +152,10 @@ struct GemmOptions {
   int streams = 0;            // streams, chunked: forked streams (0: 8; at most 32)
   bool batched_wgrad = true;  // chunked: small groups' wgrad as padded batched calls (else as
                               // `streams`)
-  // sm90: wgrad on our own kernel too (sm90::ColGroupedProduct), else as chunked. Off by default:
-  // it ties cuBLAS on the DeepSeek-like bench shapes and trails it on the Mixtral-like ones
-  // (docs/perf.md, session 13). MOE_SM90_WGRAD=kernel turns it on, =cublas or unset leaves it
-  // off; anything else throws naming the variable.
+  // sm90 (named, not automatic, which picks per plan): wgrad on our own kernel too
+  // (sm90::ColGroupedProduct), else as chunked. Off by default: it trails cuBLAS on the
+  // Mixtral-like bench shapes (docs/perf.md, sessions 13 and 16). MOE_SM90_WGRAD=kernel turns it
+  // on, =cublas or unset leaves it off; anything else throws naming the variable.
   bool sm90_wgrad = sm90_wgrad_from_env();
 };
 
@@ -197,12 +207,14 @@ void release_gemm_resources() noexcept;
 //   wgrad: c[K,N] = a[M,K]^T . b[M,N]
 enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
 // The impl that runs a product of this role and plan: impl itself, except that automatic becomes
-// sm90 (fwd, dgrad; sm90::available(); at least half the plan's rows in groups of at most
-// kAutoSm90Rows rows) or chunked.
-GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan);
-// Whether at least half the plan's rows are in groups of at most kAutoSm90Rows rows (an empty plan
+// sm90 where sm90::available() and at least half the plan's rows are in groups of at most
+// kAutoSm90Rows rows (fwd, dgrad) or kAutoWgradRows rows (wgrad, and only with
+// wgrad_tma_epilogue: a 16-bit gradient written, not accumulated), else chunked.
+GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
+                           bool wgrad_tma_epilogue = false);
+// Whether at least half the plan's rows are in groups of at most max_rows rows (an empty plan
 // counts as such): automatic's rule, without the availability of the kernel.
-bool auto_prefers_sm90(const GroupPlan& plan);
+bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows = kAutoSm90Rows);
 void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
                 Stream s = nullptr);
 

@@ -51,13 +51,23 @@ constexpr int smem_bytes_rows(bool fold) {
          kSched * 4;
 }
 static_assert(smem_bytes_rows(true) <= 227 * 1024, "shared memory");
-// wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp at kStageOutAt
-// from the aligned base, past the stages, barriers and slots.
-constexpr int kStageOutBytes = 2048, kStageOutAt = kStages * kStageBytes + 128;
+// wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp from the aligned
+// base's offset kStages * kStageBytes + 128, past the stages, barriers and slots.
+constexpr int kStageOutBytes = 2048;
 static_assert((2 * kStages + 2 * kSched) * 8 + kSched * 4 <= 128, "barriers and slots");
+// wgrad's asynchronous epilogue (store_block_tma; 16-bit c, no accumulation): each consumer
+// warpgroup stages its 64 x 256 block of c in two halves of two 64 x 64 TMA boxes (128-byte
+// swizzled, 8 KiB each), and one thread stores each half with TMA; the second half and the next
+// tile's products go on meanwhile. 16 KiB a warpgroup is what fits beside the 4 stages. Whole
+// blocks (64 KiB) leave room for 3 stages only, and that ran slower than the epilogue through the
+// warps' stores (5.3 against 4.9 ms, DeepSeek-like, H100; docs/perf.md, session 16), as did four
+// rounds of one box in two alternating buffers (4.9-5.1 ms; halves: 4.5 ms).
+constexpr int kOutBox = 64 * 64 * 2, kOutBoxes = 2;
+constexpr int kOutAt = kStages * kStageBytes + 1024;  // past the stages and the barriers
 constexpr int kSmemBytesW =
-    kStageOutAt + 1024 /* alignment */ + (kThreads - 128) / 32 * kStageOutBytes;
-static_assert(kSmemBytesW <= 227 * 1024, "shared memory");
+    kStages * kStageBytes + 128 + 1024 /* alignment */ + (kThreads - 128) / 32 * kStageOutBytes;
+constexpr int kSmemBytesTma = kOutAt + 2 * kOutBoxes * kOutBox + 1024 /* alignment */;
+static_assert(kSmemBytesW <= 227 * 1024 && kSmemBytesTma <= 227 * 1024, "shared memory");
 static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
 
 struct KParams {
@@ -498,6 +508,70 @@ __device__ __forceinline__ void store_block_staged(TC* c, int64_t ldc, int rows,
   }
 }
 
+// TMA store of a 64 x 64 box of c (3-d map: columns, rows of c[g], g) from shared memory; TMA
+// writes only the part inside the map, so rows past Mc and columns past Nc are never written.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0,
+                                             int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Synchronises the 128 threads of one consumer warpgroup (named barrier 1 + cw; 0 is
+// __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int cw) {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+}
+
+// wgrad's asynchronous epilogue: consumer warpgroup cw's 64 x 256 accumulator block, rounded
+// once to TC (16-bit), to c[g] rows [i, i + 64) and columns [n0, n0 + 256), in two halves through
+// buf (kOutBoxes 64 x 64 boxes, 128-byte swizzled: row r's 16-byte chunk q at r * 128 +
+// 16 (q ^ r % 8), so the fragment's writes, eight rows to the same columns, fall in distinct
+// banks). Per half, the warpgroup's first thread waits until the stores issued before have read
+// buf, and issues the half's once every thread's writes are visible to the async proxy; the last
+// half's stores run while the warpgroup computes the next tile. Same values as store_block: one
+// rounding of acc.
+template <class TC>
+__device__ __forceinline__ void store_block_tma(const CUtensorMap* map, uint8_t* buf, int cw, int g,
+                                                int64_t i, int n0, int64_t nc,
+                                                const float (&acc)[128]) {
+  static_assert(sizeof(TC) == 2, "16-bit c");
+  const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
+  const uint32_t base = smem_addr(buf);
+  const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (nc - n0 + 63) / 64));
+#pragma unroll
+  for (int half = 0; half < 4 / kOutBoxes; ++half) {
+    const int b0 = half * kOutBoxes;
+    if (b0 >= boxes) break;
+    // The stores issued last (the previous half, or the previous tile's) are done reading buf.
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    warpgroup_sync(cw);
+#pragma unroll
+    for (int jj = 0; jj < kOutBoxes * 8; ++jj) {
+      const int j = b0 * 8 + jj;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 16 + lane / 4 + 8 * h;
+        const uint32_t at =
+            base + (jj / 8) * kOutBox + r * 128 + (((jj % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+        TC pair[2];
+        store2(pair, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(at),
+                     "r"(*reinterpret_cast<const uint32_t*>(pair))
+                     : "memory");
+      }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    warpgroup_sync(cw);
+    if (t == 0) {
+      for (int b = b0; b < b0 + kOutBoxes && b < boxes; ++b)
+        tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g);
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+  }
+}
+
 // The forward / dgrad tile's block of consumer warpgroup cw: rows past the group's end and
 // columns past Nc skipped.
 template <class TC, class TB, bool kAccumulate>
@@ -833,10 +907,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 // wgrad kernel: the forward's pipeline; a table entry is an i-pair of c[g]'s row tiles in one
 // column tile (decode_w), its k-loop the group's rows. Static schedule (cluster c takes entries
 // c, c + clusters, ...): the forward's dynamic one measured slower here, 6.2-6.5 against
-// 5.0-5.5 ms on the DeepSeek-like wgrad (docs/perf.md, session 13).
-template <class T, class TC>
+// 5.0-5.5 ms on the DeepSeek-like wgrad (docs/perf.md, session 13). kTma: the asynchronous
+// epilogue (store_block_tma; tm_c maps c), else the one through the warps' stores.
+template <class T, class TC, bool kTma>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
-    grouped_cols_kernel(const __grid_constant__ WParams p) {
+    grouped_cols_kernel(const __grid_constant__ CUtensorMap tm_c,
+                        const __grid_constant__ WParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
   const Pipe pipe = init_pipe(smem_raw, kStageBytes);
@@ -888,8 +964,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // consumer warpgroup: rows [i0 + 64 cw, i0 + 64 cw + 64) of c[g]
-    // This warp's staging buffer for the epilogue.
-    uint8_t* stage_out = pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
+    // This warp's staging buffer for the epilogue (kTma: this warpgroup's).
+    uint8_t* stage_out =
+        kTma ? pipe.smem + kOutAt + cw * kOutBoxes * kOutBox
+             : pipe.smem + kStages * kStageBytes + 128 + (threadIdx.x / 32 - 4) * kStageOutBytes;
     float acc[128];
     int it = 0;
     int4 rec = group_record(p, cluster_id);
@@ -902,19 +980,25 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       const int64_t i = tl.i0 + 64 * cw;
       if (i < p.mc) {
         consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
-        const int rows = static_cast<int>(min(static_cast<int64_t>(64), p.mc - i));
-        const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
-        TC* c = static_cast<TC*>(p.c) + (tl.g * p.mc + i) * p.nc + tl.n0;
-        if (p.accumulate) {
-          store_block<TC, NoBias, true>(c, p.nc, rows, cols, nullptr, acc);
+        if constexpr (kTma) {
+          store_block_tma<TC>(&tm_c, stage_out, cw, tl.g, i, tl.n0, p.nc, acc);
         } else {
-          store_block_staged<TC>(c, p.nc, rows, cols, stage_out, acc);
+          const int rows = static_cast<int>(min(static_cast<int64_t>(64), p.mc - i));
+          const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
+          TC* c = static_cast<TC*>(p.c) + (tl.g * p.mc + i) * p.nc + tl.n0;
+          if (p.accumulate) {
+            store_block<TC, NoBias, true>(c, p.nc, rows, cols, nullptr, acc);
+          } else {
+            store_block_staged<TC>(c, p.nc, rows, cols, stage_out, acc);
+          }
         }
       } else {
         consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
       }
       t += clusters;
     }
+    // The stores are done before the CTA (and its shared memory) goes.
+    if (kTma && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   cluster_sync();  // as in grouped_rows_kernel
 #endif
@@ -1016,18 +1100,40 @@ void launch_rows(const RowGroupedProduct& p, const KParams& kp, Stream s) {
   }
 }
 
-template <class T, class TC>
-void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) {
-  auto kernel = grouped_cols_kernel<T, TC>;
+template <class T, class TC, bool kTma>
+void launch_cols_kernel(const ColGroupedProduct& p, const WParams& kp, Stream s) {
+  constexpr int kSmem = kTma ? kSmemBytesTma : kSmemBytesW;
+  auto kernel = grouped_cols_kernel<T, TC, kTma>;
   static std::once_flag once;
   std::call_once(once, [&] {
     MOE_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesW));
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   });
-  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmemBytesW);
+  CUtensorMap tm_c{};
+  if (kTma) {  // c as [groups][Mc][Nc]: a box's rows past Mc are not written into c[g + 1]
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.mc),
+                                static_cast<cuuint64_t>(p.groups)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
+                                   static_cast<cuuint64_t>(p.mc * p.nc) * 2};
+    const cuuint32_t box[3] = {64, 64, 1};
+    tm_c = make_map(p.c_type, p.c, 3, dims, strides, box);
+  }
+  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmem);
   const int grid = kCluster * std::min(p.tiles, max_clusters);
-  kernel<<<grid, kThreads, kSmemBytesW, s>>>(kp);
+  kernel<<<grid, kThreads, kSmem, s>>>(tm_c, kp);
   MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// 16-bit c without accumulation takes the asynchronous (TMA store) epilogue unless
+// MOE_SM90_WGRAD_STORE=sync (benchmark knob: the epilogue through the warps' stores); fp32 c and
+// accumulation always take the latter (fp32 staging would not fit beside 3 stages; TMA's
+// reduction would round twice).
+template <class T, class TC>
+void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) {
+  if constexpr (sizeof(TC) == 2) {
+    if (!p.accumulate && wgrad_store_tma()) return launch_cols_kernel<T, TC, true>(p, kp, s);
+  }
+  launch_cols_kernel<T, TC, false>(p, kp, s);
 }
 
 int bias_code(const RowGroupedProduct& p) {
@@ -1117,6 +1223,14 @@ bool mix_setting() {
   if (!e || !*e || std::strcmp(e, "auto") == 0) return true;
   if (std::strcmp(e, "off") == 0) return false;
   throw std::invalid_argument(std::string("MOE_SM90_MIX: expected auto or off, got '") + e + "'");
+}
+
+bool wgrad_store_tma() {
+  const char* e = std::getenv("MOE_SM90_WGRAD_STORE");
+  if (!e || !*e || std::strcmp(e, "tma") == 0) return true;
+  if (std::strcmp(e, "sync") == 0) return false;
+  throw std::invalid_argument(std::string("MOE_SM90_WGRAD_STORE: expected tma or sync, got '") + e +
+                              "'");
 }
 
 bool dynamic_schedule() {

@@ -114,6 +114,12 @@ int fold_tail_setting();
 // false (table order); anything else throws std::invalid_argument naming it. Read on every call.
 bool mix_setting();
 
+// MOE_SM90_WGRAD_STORE: unset, empty or "tma" true (the wgrad kernel's asynchronous TMA-store
+// epilogue for 16-bit c without accumulation), "sync" false (its epilogue through the warps'
+// stores everywhere: A/B); anything else throws std::invalid_argument naming it. Read on every
+// call.
+bool wgrad_store_tma();
+
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.
 bool dynamic_schedule();
@@ -167,8 +173,11 @@ struct WgradGroup {
 // cluster computes two 128 x 256 tiles of c[g] in adjacent row tiles that share b_g's column tile,
 // over blocks of 64 of the group's rows. Each group's operands are loaded through TMA descriptors
 // of their own (encode_group_maps), whose row extent ends at the group's end: TMA zero-fills a
-// block's rows past it, which would otherwise hold the next group's rows. Bitwise deterministic
-// like the forward.
+// block's rows past it, which would otherwise hold the next group's rows. A 16-bit c written
+// (not accumulated) goes out through shared memory by TMA stores (a 3-d map of c, so a box's rows
+// past mc are not written into c[g + 1]) while the next tile's products run; fp32 c and
+// accumulation take the warps' own stores (wgrad_store_tma). Bitwise deterministic like the
+// forward.
 struct ColGroupedProduct {
   DType ab = DType::bf16;   // bf16 or f16
   const void* a = nullptr;  // [rows, mc]

@@ -901,7 +901,9 @@ const std::vector<BenchShape>& bench_shapes() {
       // The DeepSeek-like product with fewer, larger experts: groups of ~512 and ~1024 rows,
       // between the shapes where sm90 wins and where chunked does (GemmImpl::automatic).
       {"deepseek_e128", 8192, 8, 7168, 2048, 128, Regime::uniform},
-      {"deepseek_e64", 8192, 8, 7168, 2048, 64, Regime::uniform}};
+      {"deepseek_e64", 8192, 8, 7168, 2048, 64, Regime::uniform},
+      // ~2048 rows: where wgrad's rule (kAutoWgradRows) puts its bound.
+      {"deepseek_e32", 8192, 8, 7168, 2048, 32, Regime::uniform}};
   return v;
 }
 
@@ -998,9 +1000,10 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 }  // namespace
 
 // GemmImpl::automatic (the default) runs fwd and dgrad on sm90 where at least half the rows are in
-// groups of at most kAutoSm90Rows rows and the kernel is available (else, and for wgrad, chunked);
-// other impls are kept. Host only: on a machine without the sm90 kernel, automatic is always
-// chunked.
+// groups of at most kAutoSm90Rows rows, and wgrad where at least half are in groups of at most
+// kAutoWgradRows rows and its TMA-store epilogue applies, when the kernel is available (else
+// chunked); other impls are kept. Host only: on a machine without the sm90 kernel, automatic is
+// always chunked.
 TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   using gpu::GemmImpl;
   using gpu::GemmRole;
@@ -1035,11 +1038,37 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
             small);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::skewed)),
             GemmImpl::chunked);
+  // wgrad: its own bound, and only with the TMA-store epilogue (a 16-bit gradient, written).
+  EXPECT_EQ(gpu::kAutoWgradRows, 2048);
+  const gpu::GroupPlan w_at = gpu::make_group_plan({2048, 0, 1000, 3048}, 6100);
+  const gpu::GroupPlan w_above = gpu::make_group_plan({2049, 0, 1000, 3047}, 6100);
+  EXPECT_TRUE(gpu::auto_prefers_sm90(w_at, gpu::kAutoWgradRows));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(w_above, gpu::kAutoWgradRows));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(w_at));  // fwd / dgrad's bound
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, w_at, true), small);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, w_at, false),
+            GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, w_above, true),
+            GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, w_at, true),
+            GemmImpl::chunked);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, at), GemmImpl::chunked);
+  // GemmBench: DeepSeek-like uniform, 128, 64 and 32 experts (groups of ~2048, 52% of the rows
+  // at most 2048) on the wgrad kernel; DeepSeek-like skewed and the Mixtral-like shapes (groups
+  // of ~4096; skewed: 89% of the rows above 2048) on chunked.
+  for (const int64_t e : {256, 128, 64, 32})
+    EXPECT_TRUE(gpu::auto_prefers_sm90(bench_plan({"e", 8192, 8, 0, 0, e, Regime::uniform}),
+                                       gpu::kAutoWgradRows))
+        << e << " experts";
+  EXPECT_FALSE(gpu::auto_prefers_sm90(ds_plan(Regime::skewed), gpu::kAutoWgradRows));
+  for (const Regime r : {Regime::uniform, Regime::skewed})
+    EXPECT_FALSE(
+        gpu::auto_prefers_sm90(bench_plan({"m", 16384, 2, 0, 0, 8, r}), gpu::kAutoWgradRows));
   for (const GemmImpl i :
        {GemmImpl::grouped, GemmImpl::loop, GemmImpl::streams, GemmImpl::chunked, GemmImpl::sm90}) {
     EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::fwd, at), i);
     EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::wgrad, above), i);
+    EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::wgrad, w_at, true), i);
   }
   EXPECT_EQ(gpu::gemm_impl_name(GemmImpl::automatic), "auto");
 }
