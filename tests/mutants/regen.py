@@ -340,10 +340,22 @@ M = [
      "in the upload, so most draws decode the wrong entries and some tiles are never written "
      "(only GemmImpl::sm90 with a dense and a streaming group)"),
     ("072", "auto_small_group_boundary", "edge-size", "gpu/grouped_gemm.cu", 1,
-     "small += n <= kAutoSm90Rows ? n : 0;",
-     "small += n < kAutoSm90Rows ? n : 0;",
-     "GemmImpl::automatic: a group of exactly 320 rows not counted as small (a performance rule; "
-     "caught by the host test of auto_prefers_sm90)"),
+     "small += n <= max_rows ? n : 0;",
+     "small += n < max_rows ? n : 0;",
+     "GemmImpl::automatic: a group of exactly 320 rows (2048 for wgrad) not counted as small (a "
+     "performance rule; caught by the host test of auto_prefers_sm90)"),
+    ("073", "sm90_wgrad_tma_box_column", "offset", "gpu/grouped_gemm_sm90.cu", 1,
+     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g);",
+     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b0, static_cast<int>(i), g);",
+     "sm90 wgrad, TMA-store epilogue: both boxes of a half stored at the half's first 64 columns, "
+     "so every tile's columns 64-127 and 192-255 are never written (16-bit grad_w, GemmImpl::sm90 "
+     "with sm90_wgrad or automatic)"),
+    ("074", "sm90_wgrad_tma_staging_unswizzled", "layout", "gpu/grouped_gemm_sm90.cu", 1,
+     "r * 128 + (((jj % 8) ^ (r % 8)) << 4)",
+     "r * 128 + ((jj % 8) << 4)",
+     "sm90 wgrad, TMA-store epilogue: the staging written in plain row-major order while the TMA "
+     "store reads it 128-byte swizzled, so the 16-byte pieces of rows 1-7 of every 8 land in the "
+     "wrong columns"),
 ]
 
 
