@@ -903,7 +903,9 @@ const std::vector<BenchShape>& bench_shapes() {
       {"deepseek_e128", 8192, 8, 7168, 2048, 128, Regime::uniform},
       {"deepseek_e64", 8192, 8, 7168, 2048, 64, Regime::uniform},
       // ~2048 rows: where wgrad's rule (kAutoWgradRows) puts its bound.
-      {"deepseek_e32", 8192, 8, 7168, 2048, 32, Regime::uniform}};
+      {"deepseek_e32", 8192, 8, 7168, 2048, 32, Regime::uniform},
+      // The DeepSeek-like FFN's output projection (K = 2048, N = 7168).
+      {"deepseek_down", 8192, 8, 2048, 7168, 256, Regime::uniform}};
   return v;
 }
 
