@@ -41,8 +41,8 @@
 //     stay near 4.2-5.8 ms (dense 2.7-2.9 ms): wgrad writes 7.5 GB of weight gradient (2.5 ms at
 //     copy speed).
 //   - GemmImpl::sm90 (our own TMA + wgmma kernel, gpu/grouped_gemm_sm90.cuh; wgrad as chunked
-//     unless GemmOptions::sm90_wgrad: its own kernel, 10-15% faster than cuBLAS with groups of
-//     up to ~1024 rows since session 16, slower on the Mixtral-like shapes, docs/perf.md),
+//     unless GemmOptions::sm90_wgrad: its own kernel, 8-17% faster than cuBLAS with groups of
+//     up to ~2048 rows since session 16, slower on the Mixtral-like shapes, docs/perf.md),
 //     GemmBench on an H100, bf16, TFLOP/s (% of the dense GEMM timed in the same run):
 //                                       session 3 (two runs)         session 4 (final run)
 //       Mixtral-like uniform / skewed   fwd 647 (81%), 641 (82%)     581 (72%) / 567 (77%)
@@ -128,10 +128,11 @@ enum class GemmImpl : uint8_t {
 constexpr int64_t kAutoSm90Rows = 320;
 // The same bound for wgrad on the sm90 kernel (its TMA-store epilogue overlaps writing each tile
 // of the gradient with the next tile's products; cuBLAS's per-group products stop for it).
-// Measured (H100, session 16, GemmBench wgrad): the kernel was 10-12% faster than chunked with
-// groups of 211-293 rows (DeepSeek-like uniform), 12-15% with ~512 (deepseek_e128) and ~1024
-// (deepseek_e64); tied where 91% of the rows are in 6 groups of 1103-39830 rows (DeepSeek-like
-// skewed); 7-15% slower with ~4096 (Mixtral-like uniform).
+// Measured (H100, session 16, GemmBench wgrad, docs/perf.md): the kernel was 8-13% faster than
+// chunked with groups of 211-293 rows (DeepSeek-like uniform), 12% with ~512 (deepseek_e128),
+// 13-17% with ~1024 (deepseek_e64), 13% with ~2048 (deepseek_e32); tied where 91% of the rows
+// are in 6 groups of 1103-39830 rows (DeepSeek-like skewed); 3-17% slower with ~4096
+// (Mixtral-like uniform).
 constexpr int64_t kAutoWgradRows = 2048;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
