@@ -131,7 +131,7 @@ constexpr int64_t kAutoSm90Rows = 320;
 // Measured (H100, session 16, GemmBench wgrad, docs/perf.md): the kernel was 8-13% faster than
 // chunked with groups of 211-293 rows (DeepSeek-like uniform), 12% with ~512 (deepseek_e128),
 // 13-17% with ~1024 (deepseek_e64), 13% with ~2048 (deepseek_e32); tied where 91% of the rows
-// are in 6 groups of 1103-39830 rows (DeepSeek-like skewed); 3-17% slower with ~4096
+// are in 6 groups of 1103-39830 rows (DeepSeek-like skewed); 4-22% slower with ~4096
 // (Mixtral-like uniform).
 constexpr int64_t kAutoWgradRows = 2048;
 std::string_view gemm_impl_name(GemmImpl impl);
