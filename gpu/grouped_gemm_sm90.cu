@@ -1126,8 +1126,8 @@ void launch_cols_kernel(const ColGroupedProduct& p, const WParams& kp, Stream s)
 
 // 16-bit c without accumulation takes the asynchronous (TMA store) epilogue unless
 // MOE_SM90_WGRAD_STORE=sync (benchmark knob: the epilogue through the warps' stores); fp32 c and
-// accumulation always take the latter (fp32 staging would not fit beside 3 stages; TMA's
-// reduction would round twice).
+// accumulation always take the latter (fp32 c would need four staging rounds in the 32 KiB beside
+// the 4 stages; TMA's reduction would round twice).
 template <class T, class TC>
 void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) {
   if constexpr (sizeof(TC) == 2) {

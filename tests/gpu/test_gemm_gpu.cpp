@@ -567,6 +567,18 @@ TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
   const std::string e = error_of([] { gpu::GemmOptions{}; });
   EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_WGRAD"));
   EXPECT_THAT(e, ::testing::HasSubstr("fast"));
+  // The wgrad kernel's epilogue (A/B knob): TMA stores unless "sync".
+  const ScopedEnv store("MOE_SM90_WGRAD_STORE");
+  store.set(nullptr);
+  EXPECT_TRUE(gpu::sm90::wgrad_store_tma());
+  store.set("tma");
+  EXPECT_TRUE(gpu::sm90::wgrad_store_tma());
+  store.set("sync");
+  EXPECT_FALSE(gpu::sm90::wgrad_store_tma());
+  store.set("async");
+  const std::string es = error_of([] { gpu::sm90::wgrad_store_tma(); });
+  EXPECT_THAT(es, ::testing::HasSubstr("MOE_SM90_WGRAD_STORE"));
+  EXPECT_THAT(es, ::testing::HasSubstr("async"));
 }
 
 // The sm90 kernel folds a group's tail (gpu/grouped_gemm_sm90.cuh, folds_tail) only where the
