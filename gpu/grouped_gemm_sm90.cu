@@ -51,9 +51,9 @@ constexpr int smem_bytes_rows(bool fold) {
          kSched * 4;
 }
 static_assert(smem_bytes_rows(true) <= 227 * 1024, "shared memory");
-// wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp from the aligned
-// base's offset kStages * kStageBytes + 128, past the stages, barriers and slots.
-constexpr int kStageOutBytes = 2048;
+// wgrad's staging of the epilogue (store_block_staged): 2 KiB per consumer warp at kStageOutAt
+// from the aligned base, past the stages, barriers and slots.
+constexpr int kStageOutBytes = 2048, kStageOutAt = kStages * kStageBytes + 128;
 static_assert((2 * kStages + 2 * kSched) * 8 + kSched * 4 <= 128, "barriers and slots");
 // wgrad's asynchronous epilogue (store_block_tma; 16-bit c, no accumulation): each consumer
 // warpgroup stages its 64 x 256 block of c in two halves of two 64 x 64 TMA boxes (128-byte
@@ -65,7 +65,7 @@ static_assert((2 * kStages + 2 * kSched) * 8 + kSched * 4 <= 128, "barriers and 
 constexpr int kOutBox = 64 * 64 * 2, kOutBoxes = 2;
 constexpr int kOutAt = kStages * kStageBytes + 1024;  // past the stages and the barriers
 constexpr int kSmemBytesW =
-    kStages * kStageBytes + 128 + 1024 /* alignment */ + (kThreads - 128) / 32 * kStageOutBytes;
+    kStageOutAt + 1024 /* alignment */ + (kThreads - 128) / 32 * kStageOutBytes;
 constexpr int kSmemBytesTma = kOutAt + 2 * kOutBoxes * kOutBox + 1024 /* alignment */;
 static_assert(kSmemBytesW <= 227 * 1024 && kSmemBytesTma <= 227 * 1024, "shared memory");
 static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
@@ -965,9 +965,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // consumer warpgroup: rows [i0 + 64 cw, i0 + 64 cw + 64) of c[g]
     // This warp's staging buffer for the epilogue (kTma: this warpgroup's).
-    uint8_t* stage_out =
-        kTma ? pipe.smem + kOutAt + cw * kOutBoxes * kOutBox
-             : pipe.smem + kStages * kStageBytes + 128 + (threadIdx.x / 32 - 4) * kStageOutBytes;
+    uint8_t* stage_out = kTma ? pipe.smem + kOutAt + cw * kOutBoxes * kOutBox
+                              : pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
     float acc[128];
     int it = 0;
     int4 rec = group_record(p, cluster_id);
