@@ -862,13 +862,17 @@ bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
   return true;
 }
 
+// pair2: a second (a, b) pair summed into every product (sm90::RowGroupedProduct::a2).
 bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
               const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
-              int64_t N, bool accumulate, const void* bias, DType bias_type, Stream s) {
+              int64_t N, bool accumulate, const void* bias, DType bias_type, Stream s,
+              std::pair<const void*, const void*> pair2 = {nullptr, nullptr}) {
   if (role == GemmRole::wgrad)
-    return !bias && run_sm90_wgrad(plan, ab, a, bc, c_type, K, N, accumulate, s);
+    return !bias && !pair2.first && run_sm90_wgrad(plan, ab, a, bc, c_type, K, N, accumulate, s);
   const int64_t G = plan.groups();
   sm90::RowGroupedProduct p;
+  p.a2 = pair2.first;
+  p.b2 = pair2.second;
   p.b_k_major = role == GemmRole::dgrad;
   p.ab = ab;
   p.a = a;
@@ -1323,6 +1327,15 @@ void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void*
                      DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
                      const GemmOptions& o) {
   grouped_products(role, plan, ab, a, {{b, c}}, c_type, K, N, accumulate, s, o);
+}
+
+bool grouped_product_sum(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
+                         const void* b, const void* a2, const void* b2, DType c_type, void* c,
+                         int64_t K, int64_t N, Stream s, const GemmOptions& o) {
+  if (role == GemmRole::wgrad || K <= 0 || N <= 0) return false;
+  if (resolve_gemm_impl(o.impl, role, plan) != GemmImpl::sm90) return false;
+  return run_sm90(role, plan, ab, a, {{b, c}}, c_type, K, N, false, nullptr, DType::f32, s,
+                  {a2, b2});
 }
 
 void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,

@@ -265,6 +265,13 @@ void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void*
 void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
                      DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,
                      GemmImpl impl);
+// fwd or dgrad: c = rnd_c(a . B_g + a2 . B2_g), each pair as grouped_product's (a, b), both summed
+// in one fp32 accumulator and rounded once, on the sm90 kernel (RowGroupedProduct::a2) where the
+// impl resolves to it and the kernel takes the product. Otherwise returns false having issued
+// nothing: the caller sums another way. Rows past the groups are not written.
+bool grouped_product_sum(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
+                         const void* b, const void* a2, const void* b2, DType c_type, void* c,
+                         int64_t K, int64_t N, Stream s, const GemmOptions& o);
 // Several products of one role sharing the row operand a, each (b, c) pair as grouped_product
 // does; GemmImpl::chunked issues all of them in one batched call (the FFN's gate and up).
 void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void* a,

@@ -77,6 +77,9 @@ struct KParams {
   int32_t* tile_counter;  // dynamic: entries drawn past the first one per cluster (zero at start)
   bool dynamic;           // false: cluster c walks entries c, c + clusters, ... (static)
   int groups, tiles, n_tiles, k_blocks;
+  // k-blocks of the first operand pair: blocks [k_split, k_blocks) load the second pair's maps
+  // (RowGroupedProduct::a2), from its column 0. k_split = k_blocks: one pair.
+  int k_split;
   int64_t rows;
   int64_t nc;
   void* c;
@@ -86,6 +89,13 @@ struct KParams {
   int hint_a, hint_b;  // l2_policy() of the row operand's and the weight's loads
   // Groups of more than band_over M-pairs are walked in bands of band_pairs M-pairs (see decode).
   int band_pairs, band_over;
+};
+
+// The row kernel's TMA descriptors, per operand pair: the row operand in boxes of 128, 64 and 32
+// rows (a full tile, one half, a folded tail's share) and the weight. Pair 1 repeats pair 0 when
+// the product has one.
+struct RowMaps {
+  CUtensorMap a[2], a64[2], a32[2], b[2];
 };
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -760,10 +770,7 @@ __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, ui
 
 template <class T, bool kBKMajor, class TC, bool kFold>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
-    grouped_rows_kernel(const __grid_constant__ CUtensorMap tm_a,
-                        const __grid_constant__ CUtensorMap tm_a64,
-                        const __grid_constant__ CUtensorMap tm_a32,
-                        const __grid_constant__ CUtensorMap tm_b, const KParams p) {
+    grouped_rows_kernel(const __grid_constant__ RowMaps m, const KParams p) {
 #ifdef MOE_SM90_KERNEL
   extern __shared__ uint8_t smem_raw[];
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
@@ -813,37 +820,40 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           uint8_t* sa = smem + s * kStageBytesR;
           uint8_t* sb = sa + kABytes;
           mbar_arrive_expect_tx(&full[s], bytes);
+          // The operand pair of this k-block, and the block's column in it.
+          const int q = kb < p.k_split ? 0 : 1;
+          const int k0 = (kb - (q ? p.k_split : 0)) * kBK;
+          const CUtensorMap *tm_a = &m.a[q], *tm_a64 = &m.a64[q], *tm_a32 = &m.a32[q];
+          const CUtensorMap* tm_b = &m.b[q];
           // Made here, not kept live: the producer has 40 registers (setmaxnreg).
           const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(tl.banded ? 0 : p.hint_b);
           if (kFold && tl.tail)
-            tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), &tm_a32, &full[s],
-                                  kb * kBK, tail_row, pol_a);
+            tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), tm_a32, &full[s], k0,
+                                  tail_row, pol_a);
           if (!tl.npair) {
             if (half1) {
-              tma_load_2d(sa, &tm_a, &full[s], kb * kBK, a_row, pol_a);
+              tma_load_2d(sa, tm_a, &full[s], k0, a_row, pol_a);
             } else {
-              tma_load_2d(sa, &tm_a64, &full[s], kb * kBK, a_row, pol_a);
+              tma_load_2d(sa, tm_a64, &full[s], k0, a_row, pol_a);
             }
             if (kBKMajor) {
               if (static_cast<int>(rank) < boxes)
-                tma_load_3d_multicast(sb + rank * (kBBytes / 2), &tm_b, &full[s], kb * kBK,
+                tma_load_3d_multicast(sb + rank * (kBBytes / 2), tm_b, &full[s], k0,
                                       tl.n0 + 128 * rank, tl.g, pol_b);
             } else {
               for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
-                tma_load_3d_multicast(sb + j * kChunkBytes, &tm_b, &full[s], tl.n0 + 64 * j,
-                                      kb * kBK, tl.g, pol_b);
+                tma_load_3d_multicast(sb + j * kChunkBytes, tm_b, &full[s], tl.n0 + 64 * j, k0,
+                                      tl.g, pol_b);
             }
           } else {
             if (a_half_mine)
-              tma_load_2d_multicast(sa + rank * (kABytes / 2), &tm_a64, &full[s], kb * kBK, a_row,
-                                    pol_a);
+              tma_load_2d_multicast(sa + rank * (kABytes / 2), tm_a64, &full[s], k0, a_row, pol_a);
             for (int j = 0; j < boxes; ++j) {
               if (kBKMajor) {
-                tma_load_3d(sb + j * (kBBytes / 2), &tm_b, &full[s], kb * kBK, tl.n0 + 128 * j,
-                            tl.g, pol_b);
-              } else {
-                tma_load_3d(sb + j * kChunkBytes, &tm_b, &full[s], tl.n0 + 64 * j, kb * kBK, tl.g,
+                tma_load_3d(sb + j * (kBBytes / 2), tm_b, &full[s], k0, tl.n0 + 128 * j, tl.g,
                             pol_b);
+              } else {
+                tma_load_3d(sb + j * kChunkBytes, tm_b, &full[s], tl.n0 + 64 * j, k0, tl.g, pol_b);
               }
             }
           }
@@ -1064,28 +1074,33 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
   const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.rows)};
   const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(p.kc) * 2};
   const cuuint32_t a_box[2] = {kBK, kBM}, a64_box[2] = {kBK, kBM / 2}, a32_box[2] = {kBK, 32};
-  const CUtensorMap tm_a = make_map(p.ab, p.a, 2, a_dims, a_strides, a_box);
-  const CUtensorMap tm_a64 = make_map(p.ab, p.a, 2, a_dims, a_strides, a64_box);
-  const CUtensorMap tm_a32 = make_map(p.ab, p.a, 2, a_dims, a_strides, a32_box);
-  CUtensorMap tm_b;
-  if (kBKMajor) {  // b[g][n][k]
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.nc),
-                                static_cast<cuuint64_t>(p.groups)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kc) * 2,
-                                   static_cast<cuuint64_t>(p.kc * p.nc) * 2};
-    const cuuint32_t box[3] = {kBK, kBN / kCluster, 1};
-    tm_b = make_map(p.ab, p.b, 3, dims, strides, box);
-  } else {  // b[g][k][n]
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.kc),
-                                static_cast<cuuint64_t>(p.groups)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
-                                   static_cast<cuuint64_t>(p.kc * p.nc) * 2};
-    const cuuint32_t box[3] = {64, kBK, 1};
-    tm_b = make_map(p.ab, p.b, 3, dims, strides, box);
+  RowMaps m;
+  for (int q = 0; q < 2; ++q) {
+    // Pair 1: the second pair's operands, or pair 0's again.
+    const void* a = q == 1 && p.a2 ? p.a2 : p.a;
+    const void* b = q == 1 && p.a2 ? p.b2 : p.b;
+    m.a[q] = make_map(p.ab, a, 2, a_dims, a_strides, a_box);
+    m.a64[q] = make_map(p.ab, a, 2, a_dims, a_strides, a64_box);
+    m.a32[q] = make_map(p.ab, a, 2, a_dims, a_strides, a32_box);
+    if (kBKMajor) {  // b[g][n][k]
+      const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.kc), static_cast<cuuint64_t>(p.nc),
+                                  static_cast<cuuint64_t>(p.groups)};
+      const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kc) * 2,
+                                     static_cast<cuuint64_t>(p.kc * p.nc) * 2};
+      const cuuint32_t box[3] = {kBK, kBN / kCluster, 1};
+      m.b[q] = make_map(p.ab, b, 3, dims, strides, box);
+    } else {  // b[g][k][n]
+      const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.kc),
+                                  static_cast<cuuint64_t>(p.groups)};
+      const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
+                                     static_cast<cuuint64_t>(p.kc * p.nc) * 2};
+      const cuuint32_t box[3] = {64, kBK, 1};
+      m.b[q] = make_map(p.ab, b, 3, dims, strides, box);
+    }
   }
   static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmem);
   const int grid = kCluster * std::min(p.tiles, max_clusters);
-  kernel<<<grid, kThreads, kSmem, s>>>(tm_a, tm_a64, tm_a32, tm_b, kp);
+  kernel<<<grid, kThreads, kSmem, s>>>(m, kp);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1176,10 +1191,11 @@ void band_params(const RowGroupedProduct& p, KParams& kp) {
                     kBandWeightBytes = int64_t{32} << 20;
   kp.band_over = INT_MAX;  // off
   kp.band_pairs = 1;
+  const int64_t kc = p.a2 ? 2 * p.kc : p.kc;  // both pairs' operands
   if (p.band > 0) {
     kp.band_pairs = kp.band_over = p.band;
-  } else if (p.band < 0 && p.kc * p.nc * 2 <= kBandWeightBytes) {
-    const int64_t pair_bytes = kCluster * kBM * p.kc * 2;
+  } else if (p.band < 0 && kc * p.nc * 2 <= kBandWeightBytes) {
+    const int64_t pair_bytes = kCluster * kBM * kc * 2;
     kp.band_pairs = static_cast<int>(std::max<int64_t>(1, kBandBytes / pair_bytes));
     kp.band_over = static_cast<int>(
         std::min<int64_t>(INT_MAX, std::max<int64_t>(kp.band_pairs, kBandOverBytes / pair_bytes)));
@@ -1311,6 +1327,9 @@ bool supported(const RowGroupedProduct& p) {
     return false;
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.c) || (p.bias && !aligned16(p.bias)))
     return false;
+  if ((p.a2 == nullptr) != (p.b2 == nullptr)) return false;
+  if (p.a2 && (!aligned16(p.a2) || !aligned16(p.b2) || 2 * ((p.kc + kBK - 1) / kBK) > INT_MAX))
+    return false;
   return available();
 }
 
@@ -1327,7 +1346,9 @@ void launch(const RowGroupedProduct& p, Stream s) {
   kp.tiles = p.tiles;
   kp.rows = p.rows;
   kp.n_tiles = static_cast<int>((p.nc + kBN - 1) / kBN);
-  kp.k_blocks = static_cast<int>((p.kc + kBK - 1) / kBK);
+  kp.k_split = static_cast<int>((p.kc + kBK - 1) / kBK);
+  // The second pair's blocks follow the first's; the first's last block is zero-filled past kc.
+  kp.k_blocks = p.a2 ? 2 * kp.k_split : kp.k_split;
   kp.nc = p.nc;
   kp.c = p.c;
   kp.bias = p.bias;

@@ -81,6 +81,12 @@ struct RowGroupedProduct {
   bool accumulate = false;
   const void* bias = nullptr;  // [G, Nc] or null
   DType bias_type = DType::f32;
+  // A second operand pair of the same shapes and layouts, summed into the same fp32 accumulators
+  // (the contraction runs over a's Kc columns, then a2's): c (=|+=) a . B_g + a2 . B2_g (+ bias),
+  // rounded once. The FFN's grad x = d_gate wi_0^T + d_up wi_1^T takes it, instead of two products
+  // through an fp32 buffer and a rounding pass. Both null: one pair.
+  const void* a2 = nullptr;
+  const void* b2 = nullptr;
   const int64_t* offsets = nullptr;     // [G + 1] group row offsets (device)
   const int32_t* tile_start = nullptr;  // [G + 1] first table entry of each group (device)
   int32_t tiles = 0;                    // tile_start[G] (see tiles_of_group)

@@ -363,8 +363,15 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
     MOE_CUDA_CHECK(cudaGetLastError());
   }
 
-  // grad x = rnd_d(d_gate wi_0^T + d_up wi_1^T): both products accumulate in one fp32 buffer.
-  if (out.grad_x.numel() > 0) {
+  // grad x = rnd_d(d_gate wi_0^T + d_up wi_1^T): on the sm90 kernel both products sum in its
+  // accumulators (one pass, rounded once); else they accumulate in one fp32 buffer, rounded in a
+  // pass of its own.
+  if (out.grad_x.numel() > 0 &&
+      gemm_detail::grouped_product_sum(GemmRole::dgrad, plan, d, out.d_gate.data(), w.wi_0.data(),
+                                       out.d_up.data(), w.wi_1.data(), d, out.grad_x.data(), H, M,
+                                       s, o)) {
+    gemm_detail::zero_tail_rows(plan, out.grad_x.data(), H, es, s);
+  } else if (out.grad_x.numel() > 0) {
     Scratch acc(static_cast<size_t>(plan.used * H) * sizeof(float), s);
     gemm_detail::grouped_product(GemmRole::dgrad, plan, d, out.d_gate.data(), w.wi_0.data(),
                                  DType::f32, acc.get(), H, M, false, s, o);

@@ -1431,6 +1431,92 @@ TEST(Sm90GemmGpu, FoldedTailsAddTheBiasAndAccumulate) {
                              << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
 }
 
+// Two operand pairs summed in the kernel's accumulators (RowGroupedProduct::a2, the FFN's grad x):
+// c = rnd_c(a . B_g + a2 . B2_g), fwd and dgrad, into bf16 and f32, with the tails folded and as
+// N-pairs. A contraction of 200 (4 k-blocks, the last 8 deep: TMA zero-fills it) checks that the
+// second pair's blocks start at its column 0; groups of 257, 300 and 545 rows fold, 100 and 64 do
+// not, one is empty; N = 520 leaves a partial column tile. Every element of the groups' rows is
+// checked against its fp64 sum over both pairs (a reduction of 2 x 200 terms), the rows past the
+// groups keep their values, two runs are bitwise equal, and an impl other than sm90 issues nothing.
+TEST(Sm90GemmGpu, TwoPairsSumInOneAccumulator) {
+  MOE_SKIP_WITHOUT_SM90();
+  constexpr uint64_t kSeedA2 = 41, kSeedB2 = 42, kSeedC = 43;
+  const std::vector<int64_t> sizes = {257, 100, 0, 300, 545, 64};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 5, Kc = 200, Nc = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor a = filled({R, Kc}, kSeedX), a2 = filled({R, Kc}, kSeedA2);
+  // One weight layout per role: fwd b[g][k][n], dgrad b[g][n][k].
+  const gpu::DeviceTensor bf = filled({G, Kc, Nc}, kSeedW), bf2 = filled({G, Kc, Nc}, kSeedB2);
+  const gpu::DeviceTensor bd = filled({G, Nc, Kc}, kSeedW), bd2 = filled({G, Nc, Kc}, kSeedB2);
+  Sampler smp{plan, Kc, Nc, {}};
+  for (const gpu::GemmRole role : {gpu::GemmRole::fwd, gpu::GemmRole::dgrad}) {
+    const bool fwd = role == gpu::GemmRole::fwd;
+    // b's element (g, k, n) in this role's layout.
+    auto widx = [&](int64_t g, int64_t k, int64_t n) {
+      return fwd ? (g * Kc + k) * Nc + n : (g * Nc + n) * Kc + k;
+    };
+    std::vector<double> sum(used * Nc), mag(used * Nc);
+    for (int64_t r = 0; r < used; ++r) {
+      const int64_t g = smp.group_of(r);
+      for (int64_t n = 0; n < Nc; ++n) {
+        for (int64_t k = 0; k < Kc; ++k) {
+          const double p0 = hv(kSeedX, r * Kc + k) * hv(kSeedW, widx(g, k, n));
+          const double p1 = hv(kSeedA2, r * Kc + k) * hv(kSeedB2, widx(g, k, n));
+          sum[r * Nc + n] += p0 + p1;
+          mag[r * Nc + n] += std::fabs(p0) + std::fabs(p1);
+        }
+      }
+    }
+    // grouped_product_sum's (K, N) as grouped_product's: fwd contracts K, dgrad N.
+    const int64_t K = fwd ? Kc : Nc, N = fwd ? Nc : Kc;
+    const void* b = fwd ? bf.data() : bd.data();
+    const void* b2 = fwd ? bf2.data() : bd2.data();
+    for (const char* tail : {"fold", "npair"}) {
+      const ScopedEnv tail_env("MOE_SM90_TAIL");
+      tail_env.set(tail);
+      for (const DType ct : {DType::bf16, DType::f32}) {
+        SCOPED_TRACE(std::string(fwd ? "fwd" : "dgrad") + ", tail " + tail + ", c " +
+                     std::string(dtype_name(ct)));
+        auto run = [&](gpu::GemmImpl impl, bool* took) {
+          gpu::DeviceTensor c(ct, {R, Nc});
+          gpu::gemm_detail::fill_hash_uniform(c, kSeedC, -1.0, 1.0);
+          gpu::GemmOptions o;
+          o.impl = impl;
+          const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+          *took = gpu::gemm_detail::grouped_product_sum(
+              role, plan, DType::bf16, a.data(), b, a2.data(), b2, ct, c.data(), K, N, nullptr, o);
+          EXPECT_EQ(gpu::gemm_detail::sm90_kernel_calls() - before, *took ? 1 : 0);
+          return c.download();
+        };
+        bool took = false, again = false, other = true;
+        const Tensor got = run(gpu::GemmImpl::sm90, &took);
+        ASSERT_TRUE(took) << "the kernel takes the product";
+        EXPECT_TRUE(got.bitwise_equal(run(gpu::GemmImpl::sm90, &again))) << "two runs differ";
+        const Tensor untouched = run(gpu::GemmImpl::chunked, &other);
+        EXPECT_FALSE(other) << "chunked has no two-pair product";
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t n = 0; n < Nc; ++n) {
+            const double c0 = gpu::gemm_detail::hash_uniform_value(ct, kSeedC, r * Nc + n, -1, 1);
+            if (untouched.at(r, n) != c0) {
+              smp.bad.push_back("chunked wrote c[" + std::to_string(r * Nc + n) + "]");
+            } else if (r >= used) {
+              if (got.at(r, n) != c0)
+                smp.bad.push_back("row " + std::to_string(r) + " past the groups changed");
+            } else {
+              smp.check("c", r * Nc + n, got.at(r, n), round_to(ct, sum[r * Nc + n]), 2 * Kc,
+                        mag[r * Nc + n], ct);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(smp.bad.empty()) << smp.bad.size() << " elements off, first: "
+                               << (smp.bad.empty() ? "" : smp.bad.front());
+}
+
 // The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
 // end inside a 64-row block (1, 63, 65, 130, 200, 257, 300) or on one (64, 128), so most last
 // blocks reach into the next group's rows, which the group's TMA descriptors must cut off (zero
