@@ -356,6 +356,17 @@ M = [
      "sm90 wgrad, TMA-store epilogue: the staging written in plain row-major order while the TMA "
      "store reads it 128-byte swizzled, so the 16-byte pieces of rows 1-7 of every 8 land in the "
      "wrong columns"),
+    ("075", "sm90_second_pair_k_not_rebased", "offset", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int k0 = (kb - (q ? p.k_split : 0)) * kBK;",
+     "const int k0 = kb * kBK;",
+     "sm90 row kernel, two operand pairs (the FFN's grad x): the second pair's k-blocks keep the "
+     "first pair's column offset, so they load past a2's columns (zero-filled) and its product "
+     "is lost"),
+    ("076", "ffn_grad_x_tail_not_zeroed", "padding", "gpu/swiglu_ffn.cu", 1,
+     "    gemm_detail::zero_tail_rows(plan, out.grad_x.data(), H, es, s);\n",
+     "",
+     "swiglu_expert_ffn backward on the sm90 two-pair product: the tail rows of grad x are left "
+     "as they were (poison) instead of zeroed"),
 ]
 
 
