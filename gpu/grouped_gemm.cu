@@ -1199,6 +1199,12 @@ GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
   return auto_prefers_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
+GemmImpl resolve_pair_impl(GemmImpl impl, const GroupPlan& plan) {
+  if (impl != GemmImpl::automatic) return impl;
+  return sm90::available() && auto_prefers_sm90(plan, kAutoPairRows) ? GemmImpl::sm90
+                                                                     : GemmImpl::chunked;
+}
+
 bool sm90_wgrad_from_env() {
   const char* e = std::getenv("MOE_SM90_WGRAD");
   if (!e || !*e || std::strcmp(e, "cublas") == 0) return false;
@@ -1333,7 +1339,7 @@ bool grouped_product_sum(GemmRole role, const GroupPlan& plan, DType ab, const v
                          const void* b, const void* a2, const void* b2, DType c_type, void* c,
                          int64_t K, int64_t N, Stream s, const GemmOptions& o) {
   if (role == GemmRole::wgrad || K <= 0 || N <= 0) return false;
-  if (resolve_gemm_impl(o.impl, role, plan) != GemmImpl::sm90) return false;
+  if (resolve_pair_impl(o.impl, plan) != GemmImpl::sm90) return false;
   return run_sm90(role, plan, ab, a, {{b, c}}, c_type, K, N, false, nullptr, DType::f32, s,
                   {a2, b2});
 }

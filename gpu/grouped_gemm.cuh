@@ -115,8 +115,9 @@ enum class GemmImpl : uint8_t {
               // the rows are in groups of at most kAutoSm90Rows rows (each expert's weight
               // streamed for few rows, where our kernel beats cuBLAS), for wgrad (its own kernel)
               // where at least half are in groups of at most kAutoWgradRows and the gradient is
-              // 16-bit and not accumulated, when the kernel is available; else `chunked` (see
-              // resolve_gemm_impl).
+              // 16-bit and not accumulated, and a sum of two products (the FFN's grad x) on it
+              // where at least half are in groups of at most kAutoPairRows, when the kernel is
+              // available; else `chunked` (see resolve_gemm_impl, resolve_pair_impl).
 };
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
 // H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
@@ -134,6 +135,14 @@ constexpr int64_t kAutoSm90Rows = 320;
 // are in 6 groups of 1103-39830 rows (DeepSeek-like skewed); 4-22% slower with ~4096
 // (Mixtral-like uniform).
 constexpr int64_t kAutoWgradRows = 2048;
+// The bound for a sum of two products on the sm90 kernel (gemm_detail::grouped_product_sum: the
+// FFN's grad x). Elsewhere the two products go through an fp32 buffer (written, read and written
+// again, then rounded in a pass of its own: 18 bytes a grad x element, ~2.9 ms at the DeepSeek-like
+// shape), which outweighs sm90's slower main loop on larger groups (per product 3% at ~512 rows,
+// 8% at ~1024; Mixtral-like ~4096: 20-30%, more than the fp32 passes cost there). Measured (H100,
+// session 17, `bench`): moe_block deepseek_like, whose expert loads put under half the rows in
+// groups of at most 320 rows, ran its fwd+bwd 6-7% faster with its backward products on sm90.
+constexpr int64_t kAutoPairRows = kAutoWgradRows;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
 // The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or
@@ -216,6 +225,9 @@ GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
 // Whether at least half the plan's rows are in groups of at most max_rows rows (an empty plan
 // counts as such): automatic's rule, without the availability of the kernel.
 bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows = kAutoSm90Rows);
+// The impl of a two-product sum (gemm_detail::grouped_product_sum): impl itself, except that
+// automatic becomes sm90 where sm90::available() and auto_prefers_sm90(plan, kAutoPairRows).
+GemmImpl resolve_pair_impl(GemmImpl impl, const GroupPlan& plan);
 void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
                 Stream s = nullptr);
 
@@ -267,8 +279,8 @@ void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void*
                      GemmImpl impl);
 // fwd or dgrad: c = rnd_c(a . B_g + a2 . B2_g), each pair as grouped_product's (a, b), both summed
 // in one fp32 accumulator and rounded once, on the sm90 kernel (RowGroupedProduct::a2) where the
-// impl resolves to it and the kernel takes the product. Otherwise returns false having issued
-// nothing: the caller sums another way. Rows past the groups are not written.
+// impl resolves to it (resolve_pair_impl) and the kernel takes the product. Otherwise returns false
+// having issued nothing: the caller sums another way. Rows past the groups are not written.
 bool grouped_product_sum(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
                          const void* b, const void* a2, const void* b2, DType c_type, void* c,
                          int64_t K, int64_t N, Stream s, const GemmOptions& o);

@@ -1075,6 +1075,14 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
                                        gpu::kAutoWgradRows))
         << e << " experts";
   EXPECT_FALSE(gpu::auto_prefers_sm90(ds_plan(Regime::skewed), gpu::kAutoWgradRows));
+  // A two-product sum (the FFN's grad x): the wgrad bound, whatever the outputs.
+  EXPECT_EQ(gpu::kAutoPairRows, 2048);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, w_at), small);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, w_above), GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, ds_plan(Regime::skewed)),
+            GemmImpl::chunked);
+  for (const GemmImpl i : {GemmImpl::chunked, GemmImpl::sm90, GemmImpl::streams})
+    EXPECT_EQ(gpu::resolve_pair_impl(i, w_at), i);
   for (const Regime r : {Regime::uniform, Regime::skewed})
     EXPECT_FALSE(
         gpu::auto_prefers_sm90(bench_plan({"m", 16384, 2, 0, 0, 8, r}), gpu::kAutoWgradRows));
