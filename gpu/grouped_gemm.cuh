@@ -140,8 +140,10 @@ constexpr int64_t kAutoWgradRows = 2048;
 // again, then rounded in a pass of its own: 18 bytes a grad x element, ~2.9 ms at the DeepSeek-like
 // shape), which outweighs sm90's slower main loop on larger groups (per product 3% at ~512 rows,
 // 8% at ~1024; Mixtral-like ~4096: 20-30%, more than the fp32 passes cost there). Measured (H100,
-// session 17, `bench`): moe_block deepseek_like, whose expert loads put under half the rows in
-// groups of at most 320 rows, ran its fwd+bwd 6-7% faster with its backward products on sm90.
+// session 17, `bench`, docs/perf.md): moe_block deepseek_like (under half its rows in groups of at
+// most 320 rows, so its single products stay on chunked) 175k -> 188k tokens/s with this rule;
+// with the pair on sm90 everywhere instead, the FFN's fwd+bwd ran 2-3% slower on DeepSeek-like
+// skewed (91% of the rows in groups of 1103-39830) and 0-5% on both Mixtral-like shapes.
 constexpr int64_t kAutoPairRows = kAutoWgradRows;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl

@@ -47,7 +47,10 @@
 //   - where the weight is streamed (few rows per group) its loads are marked L2 evict_first, so
 //     the row tile, which the group's other column tiles read, stays in L2 (12.7 GB of DRAM reads
 //     instead of 15.3 GB on the M-pair-only version);
-//   - the epilogue adds the bias (or the current c, when accumulating) in fp32 and rounds once.
+//   - the epilogue adds the bias (or the current c, when accumulating) in fp32 and rounds once;
+//   - a product may carry a second operand pair (RowGroupedProduct::a2: the FFN's grad x =
+//     d_gate wi_0^T + d_up wi_1^T), whose k-blocks follow the first pair's in the same k-loop, so
+//     the sum is rounded once with no fp32 buffer between two products.
 // Each output element is one CTA's fixed-order fp32 sum: the result depends only on the
 // problem, not on scheduling (bitwise deterministic).
 #pragma once
