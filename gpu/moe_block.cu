@@ -57,6 +57,26 @@ __global__ void add_round_kernel(const float* a, const D* b, D* out, int64_t n) 
   }
 }
 
+// d_logits as three bf16 terms, t[0][i] + t[1][i] + t[2][i] = v[i] to within 2^-27 |v[i]| (each
+// term takes the next 8 significant bits of what is left; the residues are exact in fp32), so the
+// gate's gradients run as bf16 tensor-core GEMMs with fp32 accumulation, one per term, instead of
+// fp32 SIMT GEMMs: the products of x and rnd_d(gate_kernel) (bf16 values) by a term are exact in
+// fp32, and what the three GEMMs sum is d_logits below its fp32 rounding. A non-finite v is its
+// first term alone.
+__global__ void split_bf16x3_kernel(const float* v, __nv_bfloat16* t, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = v[i];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+    const float r1 = isfinite(x) ? x - __bfloat162float(hi) : 0.0f;
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+    const float r2 = r1 - __bfloat162float(mid);
+    t[i] = hi;
+    t[n + i] = mid;
+    t[2 * n + i] = __float2bfloat16_rn(r2);
+  }
+}
+
 // Column sums of a [T,E] bool map. Integer atomics: the result does not depend on their order.
 __global__ void column_counts_kernel(const uint8_t* map, int64_t T, int64_t E, int32_t* out) {
   extern __shared__ int32_t local[];
@@ -720,8 +740,7 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   MoeBlockGrads out;
   out.x = DeviceTensor(in.x.dtype(), in.x.shape());
   poison_if(out.x, o, s);
-  DeviceTensor gk32 = cast(in.gate_kernel, k.d, s);
-  gk32 = cast(gk32, DType::f32, s);  // rnd_d(gate_kernel), widened exactly for the fp32 GEMMs
+  const DeviceTensor gk_d = cast(in.gate_kernel, k.d, s);  // rnd_d(gate_kernel)
   DeviceTensor parts(DType::f32, {NS, H, E});
   std::vector<DeviceTensor> mine_gk, mine_x;
   std::vector<const void*> gk_blocks, x_blocks;
@@ -750,11 +769,7 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
     if (k.Ts == 0) continue;
     DeviceTensor d_x_gate(DType::f32, {k.Ts, H});
     poison_if(d_x_gate, o, s);
-    gemm_detail::grouped_product(GemmRole::dgrad, plan, DType::f32, d_logits.data(), gk32.data(),
-                                 DType::f32, d_x_gate.data(), H, E, false, s, GemmImpl::loop);
-    const DeviceTensor x32 = cast(st.x2d, DType::f32, s);
-    gemm_detail::grouped_product(GemmRole::wgrad, plan, DType::f32, x32.data(), d_logits.data(),
-                                 DType::f32, mine_gk.back().data(), H, E, false, s, GemmImpl::loop);
+    moe_gate_grads(d_logits, st.x2d, gk_d, d_x_gate, mine_gk.back(), s);
     const int64_t n = k.Ts * H;
     dispatch_float(k.d, [&](auto v) {
       using D = decltype(v);
@@ -789,6 +804,53 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   if (result[4]) out.wi_1_bias = std::move(*result[4]);
   if (result[5]) out.wo_bias = std::move(*result[5]);
   return out;
+}
+
+void moe_gate_grads(const DeviceTensor& d_logits, const DeviceTensor& x, const DeviceTensor& gk_d,
+                    DeviceTensor& d_x_gate, DeviceTensor& gk_grad, Stream s) {
+  if (x.meta().rank() != 2 || gk_d.meta().rank() != 2)
+    throw std::invalid_argument("moe_gate_grads: x and gk_d must be 2-d");
+  const int64_t T = x.dim(0), H = x.dim(1), E = gk_d.dim(1);
+  const DType d = x.dtype();
+  auto require = [](const DeviceTensor& t, DType dt, const Shape& shape, const char* what) {
+    require_shape(t.meta(), shape, what);
+    if (t.dtype() != dt)
+      throw std::invalid_argument(std::string(what) + ": dtype " +
+                                  std::string(dtype_name(t.dtype())) + ", expected " +
+                                  std::string(dtype_name(dt)));
+  };
+  require(d_logits, DType::f32, {T, E}, "d_logits");
+  require(gk_d, d, {H, E}, "gk_d");
+  require(d_x_gate, DType::f32, {T, H}, "d_x_gate");
+  require(gk_grad, DType::f32, {H, E}, "gk_grad");
+  if (T == 0) {
+    zero(gk_grad, s);
+    return;
+  }
+  const GroupPlan plan = one_group(T);
+  if (d != DType::bf16) {
+    const DeviceTensor x32 = cast(x, DType::f32, s), gk32 = cast(gk_d, DType::f32, s);
+    gemm_detail::grouped_product(GemmRole::dgrad, plan, DType::f32, d_logits.data(), gk32.data(),
+                                 DType::f32, d_x_gate.data(), H, E, false, s, GemmImpl::loop);
+    gemm_detail::grouped_product(GemmRole::wgrad, plan, DType::f32, x32.data(), d_logits.data(),
+                                 DType::f32, gk_grad.data(), H, E, false, s, GemmImpl::loop);
+    return;
+  }
+  const int64_t n = T * E;
+  DeviceTensor terms(DType::bf16, {3, T, E});
+  if (n > 0) {
+    split_bf16x3_kernel<<<blocks_for(n), kThreads, 0, s>>>(d_logits.data<float>(),
+                                                           terms.data<__nv_bfloat16>(), n);
+    MOE_CUDA_CHECK(cudaGetLastError());
+  }
+  // Term by term, the first overwriting.
+  for (int t = 0; t < 3; ++t) {
+    const void* term = terms.data<__nv_bfloat16>() + t * n;
+    gemm_detail::grouped_product(GemmRole::dgrad, plan, DType::bf16, term, gk_d.data(), DType::f32,
+                                 d_x_gate.data(), H, E, t > 0, s, GemmImpl::loop);
+    gemm_detail::grouped_product(GemmRole::wgrad, plan, DType::bf16, x.data(), term, DType::f32,
+                                 gk_grad.data(), H, E, t > 0, s, GemmImpl::loop);
+  }
 }
 
 }  // namespace moe::gpu

@@ -7,8 +7,8 @@
 // ops (§8), ragged_a2a_params, ragged_all_to_all and the local permute (§9) through a
 // Communicator, and swiglu_expert_ffn (§10.2). The gate GEMMs are one-group cuBLAS products of
 // gpu/grouped_gemm.cuh with fp32 accumulation: logits = rnd_d(x @ rnd_d(gate_kernel)), and in the
-// backward d_x_gate = d_logits @ gate_kernel^T and d_gate_kernel = x^T @ d_logits with fp32
-// operands and results (x widened exactly). The glue (casts, d_x = rnd_d(d_x_gate + d_x_dispatch),
+// backward d_x_gate = d_logits @ gate_kernel^T and d_gate_kernel = x^T @ d_logits in fp32
+// (moe_gate_grads). The glue (casts, d_x = rnd_d(d_x_gate + d_x_dispatch),
 // the aux-loss slice add, the shard reductions of the weight gradients, routing-map column counts)
 // is small element-wise kernels in moe_block.cu. Deterministic: the shard reductions run in a fixed
 // order in fp32 (no float atomics); column counts use integer atomics only.
@@ -152,5 +152,16 @@ std::vector<ExpertGrads> moe_block_experts_bwd(Communicator& comm,
                                                const std::vector<const LocalExpertWeights*>& w,
                                                const MoeBlockParams& p, const MoeBlockShape& shape,
                                                Stream s, const RunOptions& o);
+
+// The gate GEMM's gradients of one shard: d_x_gate [T, H] = d_logits [T, E] . gk_d^T and
+// gk_grad [H, E] = x^T . d_logits, fp32 results (overwritten), where x [T, H] and gk_d [H, E] =
+// rnd_d(gate_kernel) are in the block's dtype d. For bf16, d_logits is split into three bf16
+// terms that sum to it within 2^-27 of its magnitude, and each runs as a bf16 tensor-core GEMM
+// accumulating into the fp32 results (the products are exact in fp32, so the sums are fp32 sums
+// of d_logits' products to below its own rounding); 12x faster than fp32 SIMT GEMMs at the
+// DeepSeek-like size (8192 x 7168 x 256), docs/perf.md. Other dtypes: fp32 GEMMs of the widened
+// operands.
+void moe_gate_grads(const DeviceTensor& d_logits, const DeviceTensor& x, const DeviceTensor& gk_d,
+                    DeviceTensor& d_x_gate, DeviceTensor& gk_grad, Stream s);
 
 }  // namespace moe::gpu

@@ -9,8 +9,13 @@
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include "gpu/moe_block.cuh"
+#include "harness/core/compare.h"
+#include "harness/core/rng.h"
 #include "harness/ops/block_gpu.h"
 #include "harness/ops/check.h"
 #include "harness/ops/ep_family.h"
@@ -223,5 +228,74 @@ TEST(MoeBlockGpu, TwoRunsAreBitwiseEqual) {
       ASSERT_TRUE(b.count(k)) << k;
       EXPECT_TRUE(b.at(k).bitwise_equal(v)) << k << " differs; " << replay_line(c, "gpu");
     }
+  }
+}
+
+// --- the gate GEMM's gradients ------------------------------------------------------------------
+
+// moe_gate_grads against fp64: d_logits with full 24-bit significands over 13 binades (so every
+// one of bf16 path's three terms carries bits), x and gate_kernel in the block's dtype (bf16: the
+// split path; f16: fp32 GEMMs). Every element is within SPEC §12's fp32 reduction bound of its
+// contraction (E or T terms, two more for the bf16 path's two accumulating adds); a bf16 path
+// that dropped its last term would be ~2^-17 off per product, above the bound for E = 8. One row
+// of d_logits holds +inf in column 0 with gate_kernel's column 0 non-zero: its d_x_gate row is
+// +-inf like the fp64 sums (not NaN from inf - inf in the split), as is gk_grad's column 0.
+TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t T = 40, H = 72, E = 8, inf_row = 7;
+  Rng rng(5, "gate_grads");
+  Tensor dl(DType::f32, {T, E});
+  for (int64_t i = 0; i < T * E; ++i) {
+    const double m = 1.0 + static_cast<double>(rng.below(int64_t{1} << 23)) / (1 << 23);
+    const int e = static_cast<int>(rng.below(13)) - 10;
+    dl.set(i, (rng.below(2) ? -1.0 : 1.0) * std::ldexp(m, e));
+  }
+  dl.set(inf_row * E, std::numeric_limits<double>::infinity());
+  for (const DType d : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(dtype_name(d)));
+    Tensor x(d, {T, H}), gk(d, {H, E});
+    for (int64_t i = 0; i < T * H; ++i) x.set(i, round_to(d, rng.uniform(-1.0, 1.0)));
+    for (int64_t i = 0; i < H * E; ++i) {
+      double v = round_to(d, rng.uniform(-1.0, 1.0));
+      if (i % E == 0 && v == 0) v = 0.5;  // column 0 non-zero: the inf row's products are inf
+      gk.set(i, v);
+    }
+    gpu::DeviceTensor dx(DType::f32, {T, H}), dgk(DType::f32, {H, E});
+    gpu::moe_gate_grads(gpu::DeviceTensor::upload(dl), gpu::DeviceTensor::upload(x),
+                        gpu::DeviceTensor::upload(gk), dx, dgk, nullptr);
+    const Tensor got_x = dx.download(), got_gk = dgk.download();
+    const int64_t extra = d == DType::bf16 ? 2 : 0;
+    std::vector<std::string> bad;
+    auto expect = [&](const char* what, int64_t i, double got, double sum, double mag, int64_t n) {
+      const bool ok = std::isfinite(sum)
+                          ? std::fabs(got - sum) <=
+                                tol_bound(TolClass::reduction, DType::f32, sum, n + extra, mag)
+                          : got == sum || (std::isnan(got) && std::isnan(sum));
+      if (!ok)
+        bad.push_back(std::string(what) + "[" + std::to_string(i) + "] = " + format_double(got) +
+                      ", want " + format_double(sum));
+    };
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        double sum = 0, mag = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          sum += dl.at(t, e) * gk.at(h, e);
+          mag += std::fabs(dl.at(t, e) * gk.at(h, e));
+        }
+        expect("d_x_gate", t * H + h, got_x.at(t, h), sum, mag, E);
+      }
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = 0; e < E; ++e) {
+        double sum = 0, mag = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          sum += x.at(t, h) * dl.at(t, e);
+          mag += std::fabs(x.at(t, h) * dl.at(t, e));
+        }
+        expect("gk_grad", h * E + e, got_gk.at(h, e), sum, mag, T);
+      }
+    }
+    EXPECT_TRUE(bad.empty()) << bad.size()
+                             << " elements off, first: " << (bad.empty() ? "" : bad.front());
   }
 }
