@@ -372,6 +372,16 @@ M = [
      "auto_prefers_sm90(plan, kAutoSm90Rows)",
      "GemmImpl::automatic: a two-product sum (the FFN's grad x) takes the single products' 320-row "
      "bound instead of 2048 (a performance rule; caught by the host test of resolve_pair_impl)"),
+    ("078", "gate_grads_split_last_term_dropped", "rounding", "gpu/moe_block.cu", 1,
+     "for (int t = 0; t < 3; ++t) {",
+     "for (int t = 0; t < 2; ++t) {",
+     "moe_block backward, bf16: the gate's gradients drop d_logits' third bf16 term, so each "
+     "product is ~2^-17 off (within the block's composite budget; caught by the gate test)"),
+    ("079", "gate_grads_split_inf_residue", "nan-handling", "gpu/moe_block.cu", 1,
+     "const float r1 = isfinite(x) ? x - __bfloat162float(hi) : 0.0f;",
+     "const float r1 = x - __bfloat162float(hi);",
+     "moe_block backward, bf16: an infinite d_logits leaves inf - inf = NaN as its second term, "
+     "so the gate's gradients turn NaN where fp32 sums give +-inf"),
 ]
 
 
