@@ -57,23 +57,42 @@ __global__ void add_round_kernel(const float* a, const D* b, D* out, int64_t n) 
   }
 }
 
-// d_logits as three bf16 terms, t[0][i] + t[1][i] + t[2][i] = v[i] to within 2^-27 |v[i]| (each
-// term takes the next 8 significant bits of what is left; the residues are exact in fp32), so the
-// gate's gradients run as bf16 tensor-core GEMMs with fp32 accumulation, one per term, instead of
-// fp32 SIMT GEMMs: the products of x and rnd_d(gate_kernel) (bf16 values) by a term are exact in
-// fp32, and what the three GEMMs sum is d_logits below its fp32 rounding. A non-finite v is its
-// first term alone.
-__global__ void split_bf16x3_kernel(const float* v, __nv_bfloat16* t, int64_t n) {
+// d_logits [T, E] as three bf16 terms, hi + mid + lo = v to within 2^-27 |v| (each term takes the
+// next 8 significant bits of what is left; the residues are exact in fp32), so the gate's
+// gradients run as bf16 tensor-core GEMMs with fp32 accumulation instead of fp32 SIMT GEMMs: the
+// products of x and rnd_d(gate_kernel) (bf16 values) by a term are exact in fp32, and the terms
+// sum to d_logits below its own fp32 rounding. A non-finite v is its first term alone. Written
+// twice: by_term [3][T][E] (wgrad's operands) and by_row [T][3E] (row t: its hi, mid, lo; dgrad's
+// operand, one contraction of 3E against the gate kernel repeated three times).
+__global__ void split_bf16x3_kernel(const float* v, int64_t T, int64_t E, __nv_bfloat16* by_term,
+                                    __nv_bfloat16* by_row) {
+  const int64_t n = T * E;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float x = v[i];
     const __nv_bfloat16 hi = __float2bfloat16_rn(x);
     const float r1 = isfinite(x) ? x - __bfloat162float(hi) : 0.0f;
     const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
-    const float r2 = r1 - __bfloat162float(mid);
-    t[i] = hi;
-    t[n + i] = mid;
-    t[2 * n + i] = __float2bfloat16_rn(r2);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+    by_term[i] = hi;
+    by_term[n + i] = mid;
+    by_term[2 * n + i] = lo;
+    const int64_t t = i / E, e = i % E;
+    __nv_bfloat16* row = by_row + t * 3 * E + e;
+    row[0] = hi;
+    row[E] = mid;
+    row[2 * E] = lo;
+  }
+}
+
+// out [H, 3E]: each row of g [H, E] three times.
+__global__ void repeat3_cols_kernel(const __nv_bfloat16* g, int64_t H, int64_t E,
+                                    __nv_bfloat16* out) {
+  const int64_t n = H * 3 * E;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t h = i / (3 * E), e = i % (3 * E) % E;
+    out[i] = g[h * E + e];
   }
 }
 
@@ -837,17 +856,24 @@ void moe_gate_grads(const DeviceTensor& d_logits, const DeviceTensor& x, const D
     return;
   }
   const int64_t n = T * E;
-  DeviceTensor terms(DType::bf16, {3, T, E});
+  DeviceTensor by_term(DType::bf16, {3, T, E}), by_row(DType::bf16, {T, 3 * E});
+  DeviceTensor gk3(DType::bf16, {H, 3 * E});
   if (n > 0) {
-    split_bf16x3_kernel<<<blocks_for(n), kThreads, 0, s>>>(d_logits.data<float>(),
-                                                           terms.data<__nv_bfloat16>(), n);
+    split_bf16x3_kernel<<<blocks_for(n), kThreads, 0, s>>>(
+        d_logits.data<float>(), T, E, by_term.data<__nv_bfloat16>(), by_row.data<__nv_bfloat16>());
     MOE_CUDA_CHECK(cudaGetLastError());
   }
-  // Term by term, the first overwriting.
+  if (H * E > 0) {
+    repeat3_cols_kernel<<<blocks_for(3 * H * E), kThreads, 0, s>>>(gk_d.data<__nv_bfloat16>(), H, E,
+                                                                   gk3.data<__nv_bfloat16>());
+    MOE_CUDA_CHECK(cudaGetLastError());
+  }
+  // d_x_gate: one product over the 3E terms of each row (its [T, H] fp32 output written once).
+  gemm_detail::grouped_product(GemmRole::dgrad, plan, DType::bf16, by_row.data(), gk3.data(),
+                               DType::f32, d_x_gate.data(), H, 3 * E, false, s, GemmImpl::loop);
+  // gk_grad: term by term into its small [H, E] output, the first overwriting.
   for (int t = 0; t < 3; ++t) {
-    const void* term = terms.data<__nv_bfloat16>() + t * n;
-    gemm_detail::grouped_product(GemmRole::dgrad, plan, DType::bf16, term, gk_d.data(), DType::f32,
-                                 d_x_gate.data(), H, E, t > 0, s, GemmImpl::loop);
+    const void* term = by_term.data<__nv_bfloat16>() + t * n;
     gemm_detail::grouped_product(GemmRole::wgrad, plan, DType::bf16, x.data(), term, DType::f32,
                                  gk_grad.data(), H, E, t > 0, s, GemmImpl::loop);
   }

@@ -236,13 +236,14 @@ TEST(MoeBlockGpu, TwoRunsAreBitwiseEqual) {
 // moe_gate_grads against fp64: d_logits with full 24-bit significands over 13 binades (so every
 // one of bf16 path's three terms carries bits), x and gate_kernel in the block's dtype (bf16: the
 // split path; f16: fp32 GEMMs). Every element is within SPEC §12's fp32 reduction bound of its
-// contraction (E or T terms, two more for the bf16 path's two accumulating adds); a bf16 path
-// that dropped its last term would be ~2^-17 off per product, above the bound for E = 8. One row
+// contraction (the bf16 path sums 3E terms for d_x_gate, and T terms plus two accumulating adds
+// for gk_grad); a bf16 path that dropped its last term would be ~2^-17 off per product, above the
+// bound at these sizes (E = 4, T = 12: few terms, one of which often dominates). One row
 // of d_logits holds +inf in column 0 with gate_kernel's column 0 non-zero: its d_x_gate row is
 // +-inf like the fp64 sums (not NaN from inf - inf in the split), as is gk_grad's column 0.
 TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {
   SKIP_WITHOUT_GPU();
-  const int64_t T = 40, H = 72, E = 8, inf_row = 7;
+  const int64_t T = 12, H = 72, E = 4, inf_row = 7;
   Rng rng(5, "gate_grads");
   Tensor dl(DType::f32, {T, E});
   for (int64_t i = 0; i < T * E; ++i) {
@@ -264,13 +265,13 @@ TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {
     gpu::moe_gate_grads(gpu::DeviceTensor::upload(dl), gpu::DeviceTensor::upload(x),
                         gpu::DeviceTensor::upload(gk), dx, dgk, nullptr);
     const Tensor got_x = dx.download(), got_gk = dgk.download();
-    const int64_t extra = d == DType::bf16 ? 2 : 0;
+    const bool split = d == DType::bf16;
     std::vector<std::string> bad;
     auto expect = [&](const char* what, int64_t i, double got, double sum, double mag, int64_t n) {
-      const bool ok = std::isfinite(sum)
-                          ? std::fabs(got - sum) <=
-                                tol_bound(TolClass::reduction, DType::f32, sum, n + extra, mag)
-                          : got == sum || (std::isnan(got) && std::isnan(sum));
+      const bool ok =
+          std::isfinite(sum)
+              ? std::fabs(got - sum) <= tol_bound(TolClass::reduction, DType::f32, sum, n, mag)
+              : got == sum || (std::isnan(got) && std::isnan(sum));
       if (!ok)
         bad.push_back(std::string(what) + "[" + std::to_string(i) + "] = " + format_double(got) +
                       ", want " + format_double(sum));
@@ -282,7 +283,7 @@ TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {
           sum += dl.at(t, e) * gk.at(h, e);
           mag += std::fabs(dl.at(t, e) * gk.at(h, e));
         }
-        expect("d_x_gate", t * H + h, got_x.at(t, h), sum, mag, E);
+        expect("d_x_gate", t * H + h, got_x.at(t, h), sum, mag, split ? 3 * E : E);
       }
     }
     for (int64_t h = 0; h < H; ++h) {
@@ -292,7 +293,7 @@ TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {
           sum += x.at(t, h) * dl.at(t, e);
           mag += std::fabs(x.at(t, h) * dl.at(t, e));
         }
-        expect("gk_grad", h * E + e, got_gk.at(h, e), sum, mag, T);
+        expect("gk_grad", h * E + e, got_gk.at(h, e), sum, mag, split ? T + 2 : T);
       }
     }
     EXPECT_TRUE(bad.empty()) << bad.size()

@@ -373,10 +373,11 @@ M = [
      "GemmImpl::automatic: a two-product sum (the FFN's grad x) takes the single products' 320-row "
      "bound instead of 2048 (a performance rule; caught by the host test of resolve_pair_impl)"),
     ("078", "gate_grads_split_last_term_dropped", "rounding", "gpu/moe_block.cu", 1,
-     "for (int t = 0; t < 3; ++t) {",
-     "for (int t = 0; t < 2; ++t) {",
-     "moe_block backward, bf16: the gate's gradients drop d_logits' third bf16 term, so each "
-     "product is ~2^-17 off (within the block's composite budget; caught by the gate test)"),
+     "const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));",
+     "const __nv_bfloat16 lo = __float2bfloat16_rn(0.0f);",
+     "moe_block backward, bf16: d_logits' third bf16 term is dropped, so each product of the "
+     "gate's gradients is up to ~2^-17 off (within the block's composite budget; caught by the "
+     "gate test)"),
     ("079", "gate_grads_split_inf_residue", "nan-handling", "gpu/moe_block.cu", 1,
      "const float r1 = isfinite(x) ? x - __bfloat162float(hi) : 0.0f;",
      "const float r1 = x - __bfloat162float(hi);",
