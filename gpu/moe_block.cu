@@ -57,13 +57,13 @@ __global__ void add_round_kernel(const float* a, const D* b, D* out, int64_t n) 
   }
 }
 
-// d_logits [T, E] as three bf16 terms, hi + mid + lo = v to within 2^-27 |v| (each term takes the
-// next 8 significant bits of what is left; the residues are exact in fp32), so the gate's
-// gradients run as bf16 tensor-core GEMMs with fp32 accumulation instead of fp32 SIMT GEMMs: the
-// products of x and rnd_d(gate_kernel) (bf16 values) by a term are exact in fp32, and the terms
-// sum to d_logits below its own fp32 rounding. A non-finite v is its first term alone. Written
-// twice: by_term [3][T][E] (wgrad's operands) and by_row [T][3E] (row t: its hi, mid, lo; dgrad's
-// operand, one contraction of 3E against the gate kernel repeated three times).
+// d_logits [T, E] as three bf16 terms, hi + mid + lo = v exactly (each takes 8 of v's 24
+// significant bits, rounded; the residues are exact in fp32; only for |v| < 2^-110 may the last
+// term fall below bf16's normal range and round, by at most 2^-134), so the gate's gradients run
+// as bf16 tensor-core GEMMs with fp32 accumulation instead of fp32 SIMT GEMMs: the products of x
+// and rnd_d(gate_kernel) (bf16 values) by a term are exact in fp32. A non-finite v is its first
+// term alone. Written twice: by_term [3][T][E] (wgrad's operands) and by_row [T][3E] (row t: its
+// hi, mid, lo; dgrad's operand, one contraction of 3E against the gate kernel repeated thrice).
 __global__ void split_bf16x3_kernel(const float* v, int64_t T, int64_t E, __nv_bfloat16* by_term,
                                     __nv_bfloat16* by_row) {
   const int64_t n = T * E;
@@ -763,7 +763,6 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   DeviceTensor parts(DType::f32, {NS, H, E});
   std::vector<DeviceTensor> mine_gk, mine_x;
   std::vector<const void*> gk_blocks, x_blocks;
-  const GroupPlan plan = one_group(k.Ts);
   for (int64_t i = 0; i < NL; ++i) {
     const MoeShardState& st = fwd.shards[i];
     DeviceTensor d_x_dispatch =

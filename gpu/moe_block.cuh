@@ -156,10 +156,10 @@ std::vector<ExpertGrads> moe_block_experts_bwd(Communicator& comm,
 // The gate GEMM's gradients of one shard: d_x_gate [T, H] = d_logits [T, E] . gk_d^T and
 // gk_grad [H, E] = x^T . d_logits, fp32 results (overwritten), where x [T, H] and gk_d [H, E] =
 // rnd_d(gate_kernel) are in the block's dtype d. For bf16, d_logits is split into three bf16
-// terms that sum to it within 2^-27 of its magnitude, run as bf16 tensor-core GEMMs with fp32
-// accumulation (d_x_gate: one contraction over the 3E terms against gk_d repeated; gk_grad: one
-// product per term accumulating into its small output). The products are exact in fp32, so these
-// are fp32 sums of d_logits' products to below its own rounding, without fp32 SIMT GEMMs
+// terms that sum to it exactly (each holds 8 of its 24 significant bits), run as bf16
+// tensor-core GEMMs with fp32 accumulation (d_x_gate: one contraction over the 3E terms against
+// gk_d repeated; gk_grad: one product per term accumulating into its small output). The products
+// are exact in fp32, so these are fp32 sums of d_logits' products, without fp32 SIMT GEMMs
 // (docs/perf.md, session 17). Other dtypes: fp32 GEMMs of the widened operands.
 void moe_gate_grads(const DeviceTensor& d_logits, const DeviceTensor& x, const DeviceTensor& gk_d,
                     DeviceTensor& d_x_gate, DeviceTensor& gk_grad, Stream s);

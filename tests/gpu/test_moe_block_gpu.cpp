@@ -233,12 +233,12 @@ TEST(MoeBlockGpu, TwoRunsAreBitwiseEqual) {
 
 // --- the gate GEMM's gradients ------------------------------------------------------------------
 
-// moe_gate_grads against fp64: d_logits with full 24-bit significands over 13 binades (so every
-// one of bf16 path's three terms carries bits), x and gate_kernel in the block's dtype (bf16: the
+// moe_gate_grads against fp64: d_logits with full 24-bit significands over 13 binades (so each
+// of the bf16 path's three terms carries bits), x and gate_kernel in the block's dtype (bf16: the
 // split path; f16: fp32 GEMMs). Every element is within SPEC §12's fp32 reduction bound of its
 // contraction (the bf16 path sums 3E terms for d_x_gate, and T terms plus two accumulating adds
-// for gk_grad); a bf16 path that dropped its last term would be ~2^-17 off per product, above the
-// bound at these sizes (E = 4, T = 12: few terms, one of which often dominates). One row
+// for gk_grad). A bf16 path that dropped its last term would be off by up to 2^-16 of a product,
+// above the bound at these sizes (E = 4, T = 12: few terms, one of which often dominates). One row
 // of d_logits holds +inf in column 0 with gate_kernel's column 0 non-zero: its d_x_gate row is
 // +-inf like the fp64 sums (not NaN from inf - inf in the split), as is gk_grad's column 0.
 TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {

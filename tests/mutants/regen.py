@@ -376,7 +376,7 @@ M = [
      "const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));",
      "const __nv_bfloat16 lo = __float2bfloat16_rn(0.0f);",
      "moe_block backward, bf16: d_logits' third bf16 term is dropped, so each product of the "
-     "gate's gradients is up to ~2^-17 off (within the block's composite budget; caught by the "
+     "gate's gradients is up to 2^-16 off (within the block's composite budget; caught by the "
      "gate test)"),
     ("079", "gate_grads_split_inf_residue", "nan-handling", "gpu/moe_block.cu", 1,
      "const float r1 = isfinite(x) ? x - __bfloat162float(hi) : 0.0f;",
