@@ -826,21 +826,14 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
 
 void moe_gate_grads(const DeviceTensor& d_logits, const DeviceTensor& x, const DeviceTensor& gk_d,
                     DeviceTensor& d_x_gate, DeviceTensor& gk_grad, Stream s) {
-  if (x.meta().rank() != 2 || gk_d.meta().rank() != 2)
-    throw std::invalid_argument("moe_gate_grads: x and gk_d must be 2-d");
+  require_rank(x.meta(), 2, "x");
+  require_rank(gk_d.meta(), 2, "gk_d");
   const int64_t T = x.dim(0), H = x.dim(1), E = gk_d.dim(1);
   const DType d = x.dtype();
-  auto require = [](const DeviceTensor& t, DType dt, const Shape& shape, const char* what) {
-    require_shape(t.meta(), shape, what);
-    if (t.dtype() != dt)
-      throw std::invalid_argument(std::string(what) + ": dtype " +
-                                  std::string(dtype_name(t.dtype())) + ", expected " +
-                                  std::string(dtype_name(dt)));
-  };
-  require(d_logits, DType::f32, {T, E}, "d_logits");
-  require(gk_d, d, {H, E}, "gk_d");
-  require(d_x_gate, DType::f32, {T, H}, "d_x_gate");
-  require(gk_grad, DType::f32, {H, E}, "gk_grad");
+  require_tensor(d_logits, DType::f32, {T, E}, "d_logits");
+  require_tensor(gk_d, d, {H, E}, "gk_d");
+  require_tensor(d_x_gate, DType::f32, {T, H}, "d_x_gate");
+  require_tensor(gk_grad, DType::f32, {H, E}, "gk_grad");
   if (T == 0) {
     zero(gk_grad, s);
     return;

@@ -282,4 +282,13 @@ DeviceError ErrorFlag::read(Stream s) const {
   return DeviceError{slot.code, slot.a, slot.b};
 }
 
+void require_tensor(const DeviceTensor& t, DType d, const Shape& shape, const char* what) {
+  require_shape(t.meta(), shape, what);
+  if (t.dtype() != d) {
+    throw std::invalid_argument(std::string(what) + ": dtype " +
+                                std::string(dtype_name(t.dtype())) + ", expected " +
+                                std::string(dtype_name(d)));
+  }
+}
+
 }  // namespace moe::gpu

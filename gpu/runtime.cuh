@@ -70,6 +70,9 @@ class DeviceTensor {
   void* ptr_ = nullptr;
 };
 
+// Throws std::invalid_argument naming `what` unless t has this shape and dtype.
+void require_tensor(const DeviceTensor& t, DType d, const Shape& shape, const char* what);
+
 // Frees every device buffer the DeviceTensor cache holds (gpu/runtime.cu): between benchmark cases
 // of different shapes, and before retrying a stream-ordered allocation that ran out of memory.
 void release_buffer_cache() noexcept;

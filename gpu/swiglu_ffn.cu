@@ -197,15 +197,6 @@ FfnShape validate_plan(const DeviceTensor& x, const GroupPlan& plan, const FfnWe
   return sh;
 }
 
-void require_tensor(const DeviceTensor& t, DType d, const Shape& shape, const char* what) {
-  require_shape(t.meta(), shape, what);
-  if (t.dtype() != d) {
-    throw std::invalid_argument(std::string(what) + ": dtype " +
-                                std::string(dtype_name(t.dtype())) + ", expected " +
-                                std::string(dtype_name(d)));
-  }
-}
-
 void require_bias_grad(const std::optional<DeviceTensor>& g, const DeviceTensor* bias,
                        const char* what) {
   if (!bias) return;
