@@ -28,6 +28,9 @@
 #                       (MOE_GEMM_IMPL=sm90: gpu/grouped_gemm.cu's default_gemm_impl; where the
 #                       kernel cannot run, sm90 falls back to cuBLAS and nothing is profiled)
 #   gemm_sm90_mixtral_fwd grouped_gemm  mixtral_uniform   fwd  the same kernel, compute-bound shape
+#   gemm_sm90_ds_wgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_cols_kernel (the
+#                       wgrad kernel `auto` picks for groups of <= 2048 rows; its 7.5 GB of
+#                       gradient writes bound it)
 #
 # What is profiled: `moe-harness bench --op OP --case NAME --samples 20` under
 #   ncu --target-processes all --kernel-name-base demangled --kernel-name regex:RE
@@ -45,7 +48,8 @@
 # plus --metrics gpu__time_duration.sum, dram__bytes_read.sum, dram__bytes_write.sum,
 # dram__throughput.avg.pct_of_peak_sustained_elapsed, sm__throughput.avg.pct_of_peak_sustained_
 # elapsed, sm__warps_active.avg.pct_of_peak_sustained_active, launch__registers_per_thread,
-# launch__grid_size (if ncu rejects a metric name, the target is rerun with the sections alone).
+# launch__grid_size, lts__t_bytes.sum (L2 traffic: in raw.csv, not the summary) (if ncu rejects
+# a metric name, the target is rerun with the sections alone).
 # ncu's defaults stay: caches flushed and clocks locked to base before each kernel
 # (--ncu-arg --clock-control=none to profile at the boost clocks bench times at), so durations
 # read a little above bench's medians.
@@ -79,6 +83,7 @@ targets=(
   "dispatch_ds_bwd;token_dispatch;deepseek_v3;bwd;;gather_sum_kernel|dispatch_bwd_probs_kernel;2"
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_mixtral_fwd;grouped_gemm;mixtral_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
+  "gemm_sm90_ds_wgrad;grouped_gemm;deepseek_uniform;fwd+bwd;;grouped_cols_kernel;1"
 )
 target_names=()
 for t in "${targets[@]}"; do target_names+=("${t%%;*}"); done
@@ -88,7 +93,7 @@ metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
 metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
 metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed
 metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
-metrics+=,launch__registers_per_thread,launch__grid_size
+metrics+=,launch__registers_per_thread,launch__grid_size,lts__t_bytes.sum
 
 build=${MOE_BUILD_DIR:-build}
 out=out/profile

@@ -4,6 +4,7 @@
 // bound (routing maps and counts bitwise); regression cases R3, R5, R7 on the GPU; determinism.
 // The benchmark (forward + backward tokens/s at Mixtral-like and DeepSeek-like sizes, inputs
 // generated on the device) is `moe-harness bench --op moe_block`.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -24,6 +25,7 @@
 
 using namespace moe;
 using namespace moe::ops;
+using ::testing::HasSubstr;
 
 namespace {
 
@@ -299,4 +301,33 @@ TEST(MoeBlockGpu, GateGradientsAreFp32SumsOfTheFullDLogits) {
     EXPECT_TRUE(bad.empty()) << bad.size()
                              << " elements off, first: " << (bad.empty() ? "" : bad.front());
   }
+}
+
+// moe_gate_grads checks its arguments before it issues anything: each tensor with a wrong shape
+// or dtype is named in the error (x and gate_kernel fix T, H and E; the fp32 tensors follow).
+TEST(MoeBlockGpu, GateGradientsNameAMisshapedArgument) {
+  SKIP_WITHOUT_GPU();
+  const int64_t T = 4, H = 8, E = 2;
+  const DType d = DType::bf16;
+  auto message = [&](const gpu::DeviceTensor& dl, const gpu::DeviceTensor& x,
+                     const gpu::DeviceTensor& gk, gpu::DeviceTensor& dx, gpu::DeviceTensor& dgk) {
+    try {
+      gpu::moe_gate_grads(dl, x, gk, dx, dgk, nullptr);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  gpu::DeviceTensor dl(DType::f32, {T, E}), x(d, {T, H}), gk(d, {H, E});
+  gpu::DeviceTensor dx(DType::f32, {T, H}), dgk(DType::f32, {H, E});
+  gpu::DeviceTensor dl_rows(DType::f32, {T + 1, E}), dl_bf16(d, {T, E}), x_1d(d, {T * H});
+  gpu::DeviceTensor gk_f16(DType::f16, {H, E}), gk_cols(d, {H + 1, E});
+  gpu::DeviceTensor dx_bf16(d, {T, H}), dgk_cols(DType::f32, {H, E + 1});
+  EXPECT_THAT(message(dl_rows, x, gk, dx, dgk), HasSubstr("d_logits: expected shape [4, 2]"));
+  EXPECT_THAT(message(dl_bf16, x, gk, dx, dgk), HasSubstr("d_logits: dtype bfloat16"));
+  EXPECT_THAT(message(dl, x_1d, gk, dx, dgk), HasSubstr("x: expected a 2-D tensor"));
+  EXPECT_THAT(message(dl, x, gk_f16, dx, dgk), HasSubstr("gk_d: dtype float16"));
+  EXPECT_THAT(message(dl, x, gk_cols, dx, dgk), HasSubstr("gk_d: expected shape [8, 2]"));
+  EXPECT_THAT(message(dl, x, gk, dx_bf16, dgk), HasSubstr("d_x_gate: dtype bfloat16"));
+  EXPECT_THAT(message(dl, x, gk, dx, dgk_cols), HasSubstr("gk_grad: expected shape [8, 2]"));
 }
