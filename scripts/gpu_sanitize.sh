@@ -14,7 +14,8 @@
 #   gemm      GroupedGemmGpu, the GemmGpu tail-row cases, ChunkedGemmGpu small chunks, the sm90
 #             random shapes, pairings (folded tails) and wgrad kernel, GemmGpuErrors,
 #             RegistryGpu/{grouped_gemm, swiglu_expert_ffn}
-#   block     MoeBlockGpuRegression, InProcessCommunicatorGpu, RegistryGpu/moe_block random cases
+#   block     MoeBlockGpuRegression, InProcessCommunicatorGpu, MoeBlockGpu.GateGradients*,
+#             RegistryGpu/moe_block random cases
 #   all       every family above, one after another
 # Tools default to all four. Left out everywhere: the >2^31-element tests (tens of GiB of shadow
 # memory), the 100k-row aux-loss test, the benchmarks and the fill-the-GPU determinism suite
@@ -84,6 +85,9 @@ case $family in
     # Racecheck covers moe_block's own kernels (per-expert column counts, casts, ordered sums)
     # only through runs of the whole block, so small cases: the registry's random ones.
     default="MoeBlockGpuRegression.*:InProcessCommunicatorGpu.*"
+    # The gate gradients' tensor-core path (moe_gate_grads: split_bf16x3_kernel,
+    # repeat3_cols_kernel and the cuBLAS products between them).
+    default+=":MoeBlockGpu.GateGradients*"
     default+=$(registry 'RandomCasesMatchReference' moe_block)
     rc_params="seed=20261122 max_success=4 max_size=8" ;;
   *)
