@@ -31,6 +31,9 @@
 #   gemm_sm90_ds_wgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_cols_kernel (the
 #                       wgrad kernel `auto` picks for groups of <= 2048 rows; its 7.5 GB of
 #                       gradient writes bound it)
+#   gemm_sm90_ds_dgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_rows_kernel with K-major
+#                       weights (dgrad: the forward's bytes and FLOPs, 28 column tiles of 32
+#                       k-blocks instead of 8 of 112)
 #
 # What is profiled: `moe-harness bench --op OP --case NAME --samples 20` under
 #   ncu --target-processes all --kernel-name-base demangled --kernel-name regex:RE
@@ -84,6 +87,7 @@ targets=(
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_mixtral_fwd;grouped_gemm;mixtral_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_ds_wgrad;grouped_gemm;deepseek_uniform;fwd+bwd;;grouped_cols_kernel;1"
+  "gemm_sm90_ds_dgrad;grouped_gemm;deepseek_uniform;fwd+bwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel<[^,]+, 1,;1"
 )
 target_names=()
 for t in "${targets[@]}"; do target_names+=("${t%%;*}"); done
