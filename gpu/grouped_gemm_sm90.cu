@@ -89,6 +89,7 @@ struct KParams {
   int hint_a, hint_b;  // l2_policy() of the row operand's and the weight's loads
   // Groups of more than band_over M-pairs are walked in bands of band_pairs M-pairs (see decode).
   int band_pairs, band_over;
+  bool wide_store;  // 16-bit c without bias or accumulation: store_block_wide (wide_store_setting)
 };
 
 // The row kernel's TMA descriptors, per operand pair: the row operand in boxes of 128, 64 and 32
@@ -466,6 +467,55 @@ __device__ __forceinline__ void store_block(TC* c, int64_t ldc, int rows, int co
   }
 }
 
+// store_block for 16-bit c without bias or accumulation, in 16-byte pieces and no shared memory
+// (the row kernels that fold tails have none to spare): each quad of lanes (lane % 4 = q) holds
+// 2 columns of 8 for every 8-column group j; a 4 x 4 transpose across the quad (two butterfly
+// exchanges, lane ^ 1 then lane ^ 2) gives lane q all 8 columns of group 4 m + q, so one warp
+// instruction writes 8 rows x 64 bytes instead of 8 rows x 16. Against store_block's 64 stores a
+// thread: 16, and 64 shuffles. Same values: one rounding of acc. c and ldc keep 16-byte
+// alignment (Nc % 8 == 0, c aligned: supported()).
+template <class TC>
+__device__ __forceinline__ void store_block_wide(TC* c, int64_t ldc, int rows, int cols,
+                                                 const float (&acc)[128]) {
+  static_assert(sizeof(TC) == 2, "16-bit c");
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, q = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + lane / 4 + 8 * h;
+    TC* cr = c + r * ldc;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      uint32_t w[4];  // w[k]: columns 8 (4 m + k) + 2 q, + 1 of row r
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * m + k;
+        TC pair[2];
+        store2(pair, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        w[k] = *reinterpret_cast<const uint32_t*>(pair);
+      }
+      // After the exchange on bit b of q, w[k] with k's bit b unlike q's holds the partner's
+      // word of index k ^ b; after both, w[k] = lane (quad base + k)'s word of index q.
+#pragma unroll
+      for (int b = 1; b <= 2; b <<= 1) {
+        const bool hi = q & b;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (k & b) continue;
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? w[k] : w[k | b], b);
+          if (hi) {
+            w[k] = got;
+          } else {
+            w[k | b] = got;
+          }
+        }
+      }
+      const int col = 8 * (4 * m + q);
+      if (r < rows && col < cols)
+        *reinterpret_cast<uint4*>(cr + col) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
 // store_block without bias or accumulation, through shared memory: wgrad writes a 128 x 256 tile
 // for every ~256 rows of reduction, and store_block's 16-byte row pieces cost one L2 request each
 // (ncu, DeepSeek-like wgrad: 456 M write requests for 7.5 GB, 12.2 ms). Each warp stages its 16
@@ -591,6 +641,12 @@ __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl,
   const int rows = static_cast<int>(min(static_cast<int64_t>(64), tl.row_end - r0));
   const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
   if (rows <= 0 || cols <= 0) return;
+  if constexpr (sizeof(TC) == 2 && std::is_same_v<TB, NoBias> && !kAccumulate) {
+    if (p.wide_store) {
+      store_block_wide<TC>(static_cast<TC*>(p.c) + r0 * p.nc + tl.n0, p.nc, rows, cols, acc);
+      return;
+    }
+  }
   const TB* b = nullptr;
   if constexpr (!std::is_same_v<TB, NoBias>)
     b = static_cast<const TB*>(p.bias) + tl.g * p.nc + tl.n0;
@@ -1233,6 +1289,14 @@ int fold_tail_setting() {
                               e + "'");
 }
 
+bool wide_store_setting() {
+  const char* e = std::getenv("MOE_SM90_STORE");
+  if (!e || !*e || std::strcmp(e, "plain") == 0) return false;
+  if (std::strcmp(e, "wide") == 0) return true;
+  throw std::invalid_argument(std::string("MOE_SM90_STORE: expected plain or wide, got '") + e +
+                              "'");
+}
+
 bool mix_setting() {
   const char* e = std::getenv("MOE_SM90_MIX");
   if (!e || !*e || std::strcmp(e, "auto") == 0) return true;
@@ -1356,6 +1420,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
   kp.accumulate = p.accumulate;
   l2_hints(p, kp);
   band_params(p, kp);
+  kp.wide_store = p.wide_store;
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {

@@ -106,6 +106,9 @@ struct RowGroupedProduct {
   // N-pairs; the launch runs the kernel variant whose stages hold those rows. Must match the
   // table (tiles_of_group's fold_tail). See fold_tail_pays for when to set it.
   bool fold_tail = false;
+  // The forward / dgrad epilogue of 16-bit c without bias or accumulation in 16-byte pieces
+  // (wide_store_setting).
+  bool wide_store = false;
 };
 
 // MOE_SM90_BAND, the walk of a group far larger than L2 (gpu/grouped_gemm_sm90.cu, decode):
@@ -118,6 +121,11 @@ int band_setting();
 // folds: tests, A/B), "npair" 0 (never: the last slot's row tile runs as N-pairs); anything else
 // throws std::invalid_argument naming it. Read on every call.
 int fold_tail_setting();
+
+// MOE_SM90_STORE (RowGroupedProduct::wide_store): unset, empty or "plain" false (4-byte stores
+// from the accumulator fragments), "wide" true (16-byte stores after a transpose within each quad
+// of lanes); anything else throws std::invalid_argument naming it. Read on every call.
+bool wide_store_setting();
 
 // MOE_SM90_MIX: unset, empty or "auto" true (draw entries in mixed_order where it mixes), "off"
 // false (table order); anything else throws std::invalid_argument naming it. Read on every call.

@@ -581,6 +581,22 @@ TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
   EXPECT_THAT(es, ::testing::HasSubstr("async"));
 }
 
+// MOE_SM90_STORE's parse (host only; the kernel:
+// Sm90GemmGpu.WideEpilogueMatchesThePlainOneBitwise).
+TEST(GemmImplDefault, Sm90StoreVariableIsParsedAndABadValueNamesIt) {
+  const ScopedEnv env("MOE_SM90_STORE");
+  env.set(nullptr);
+  EXPECT_FALSE(gpu::sm90::wide_store_setting());
+  env.set("plain");
+  EXPECT_FALSE(gpu::sm90::wide_store_setting());
+  env.set("wide");
+  EXPECT_TRUE(gpu::sm90::wide_store_setting());
+  env.set("narrow");
+  const std::string e = error_of([] { gpu::sm90::wide_store_setting(); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_STORE"));
+  EXPECT_THAT(e, ::testing::HasSubstr("narrow"));
+}
+
 // The sm90 kernel folds a group's tail (gpu/grouped_gemm_sm90.cuh, folds_tail) only where the
 // N-pair entries it saves are at least a tenth of the table (fold_tail_pays), since the folding
 // kernel is slower on every entry. Host only: the shapes of the benchmark cases, the boundary
@@ -1346,6 +1362,46 @@ TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
   const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
   EXPECT_TRUE(bad.empty()) << joined(bad);
   mix_env.set("mixed");
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+               std::invalid_argument);
+}
+
+// The row kernel's 16-byte epilogue (MOE_SM90_STORE=wide, store_block_wide) gives the bits of
+// the 4-byte one for bf16 and f16 outputs: N = 520 ends in a column tile of 8 columns (one
+// 16-byte piece per row), the sizes give rows past a group's end in every position of the
+// 16-row warp slices, folded tails (stored by the plain path) and N-pairs. Outputs are poisoned
+// first, so a piece the wide path skips shows; the forward and dgrad are also sampled against
+// fp64 sums. A bad MOE_SM90_STORE throws before anything is issued.
+TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
+  MOE_SKIP_WITHOUT_SM90();
+  const ScopedEnv store_env("MOE_SM90_STORE");
+  const std::vector<int64_t> sizes = {1, 7, 64, 65, 100, 128, 129, 200, 0, 256, 257, 300, 385, 545};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 7, K = 136, N = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.poison = true;
+  auto run = [&](const char* store) {
+    store_env.set(store);
+    int64_t calls = 0;
+    auto r = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_GE(calls, 2) << store;
+    return r;
+  };
+  const auto [out_p, gx_p] = run("plain");
+  const auto [out_w, gx_w] = run("wide");
+  EXPECT_TRUE(out_w.bitwise_equal(out_p)) << "fwd: wide and plain epilogues differ";
+  EXPECT_TRUE(gx_w.bitwise_equal(gx_p)) << "dgrad: wide and plain epilogues differ";
+  gpu::DeviceTensor d_out = gpu::DeviceTensor::upload(out_w),
+                    d_gx = gpu::DeviceTensor::upload(gx_w);
+  const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
+  EXPECT_TRUE(bad.empty()) << joined(bad);
+  store_env.set("16");
   gpu::DeviceTensor out(DType::bf16, {R, N});
   EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
                std::invalid_argument);
