@@ -472,7 +472,9 @@ __device__ __forceinline__ void store_block(TC* c, int64_t ldc, int rows, int co
 // 2 columns of 8 for every 8-column group j; a 4 x 4 transpose across the quad (two butterfly
 // exchanges, lane ^ 1 then lane ^ 2) gives lane q all 8 columns of group 4 m + q, so one warp
 // instruction writes 8 rows x 64 bytes instead of 8 rows x 16. Against store_block's 64 stores a
-// thread: 16, and 64 shuffles. Same values: one rounding of acc. c and ldc keep 16-byte
+// thread: 16, and 64 shuffles; ncu had the DeepSeek-like dgrad's warps stalled on the global
+// store queue (lg_throttle) 3.5x as often as the forward's, and this made dgrad 4-5% faster
+// (docs/perf.md, session 19). Same values: one rounding of acc. c and ldc keep 16-byte
 // alignment (Nc % 8 == 0, c aligned: supported()).
 template <class TC>
 __device__ __forceinline__ void store_block_wide(TC* c, int64_t ldc, int rows, int cols,
@@ -1291,8 +1293,8 @@ int fold_tail_setting() {
 
 bool wide_store_setting() {
   const char* e = std::getenv("MOE_SM90_STORE");
-  if (!e || !*e || std::strcmp(e, "plain") == 0) return false;
-  if (std::strcmp(e, "wide") == 0) return true;
+  if (!e || !*e || std::strcmp(e, "wide") == 0) return true;
+  if (std::strcmp(e, "plain") == 0) return false;
   throw std::invalid_argument(std::string("MOE_SM90_STORE: expected plain or wide, got '") + e +
                               "'");
 }

@@ -122,9 +122,10 @@ int band_setting();
 // throws std::invalid_argument naming it. Read on every call.
 int fold_tail_setting();
 
-// MOE_SM90_STORE (RowGroupedProduct::wide_store): unset, empty or "plain" false (4-byte stores
-// from the accumulator fragments), "wide" true (16-byte stores after a transpose within each quad
-// of lanes); anything else throws std::invalid_argument naming it. Read on every call.
+// MOE_SM90_STORE (RowGroupedProduct::wide_store): unset, empty or "wide" true (16-byte stores
+// after a transpose within each quad of lanes), "plain" false (4-byte stores from the
+// accumulator fragments: A/B); anything else throws std::invalid_argument naming it. Read on
+// every call.
 bool wide_store_setting();
 
 // MOE_SM90_MIX: unset, empty or "auto" true (draw entries in mixed_order where it mixes), "off"

@@ -586,7 +586,9 @@ TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
 TEST(GemmImplDefault, Sm90StoreVariableIsParsedAndABadValueNamesIt) {
   const ScopedEnv env("MOE_SM90_STORE");
   env.set(nullptr);
-  EXPECT_FALSE(gpu::sm90::wide_store_setting());
+  EXPECT_TRUE(gpu::sm90::wide_store_setting());
+  env.set("");
+  EXPECT_TRUE(gpu::sm90::wide_store_setting());
   env.set("plain");
   EXPECT_FALSE(gpu::sm90::wide_store_setting());
   env.set("wide");
@@ -1367,8 +1369,8 @@ TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
                std::invalid_argument);
 }
 
-// The row kernel's 16-byte epilogue (MOE_SM90_STORE=wide, store_block_wide) gives the bits of
-// the 4-byte one for bf16 and f16 outputs: N = 520 ends in a column tile of 8 columns (one
+// The row kernel's 16-byte epilogue (store_block_wide, the default) gives the bits of the 4-byte
+// one (MOE_SM90_STORE=plain) for bf16 outputs: N = 520 ends in a column tile of 8 columns (one
 // 16-byte piece per row), the sizes give rows past a group's end in every position of the
 // 16-row warp slices, folded tails (stored by the plain path) and N-pairs. Outputs are poisoned
 // first, so a piece the wide path skips shows; the forward and dgrad are also sampled against
