@@ -383,6 +383,13 @@ M = [
      "const float r1 = x - __bfloat162float(hi);",
      "moe_block backward, bf16: an infinite d_logits leaves inf - inf = NaN as its second term, "
      "so the gate's gradients turn NaN where fp32 sums give +-inf"),
+    # ---- gpu/: added in session 19 -----------------------------------------------------------
+    ("080", "sm90_wide_store_lane_column", "layout", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int col = 8 * (4 * m + q);",
+     "const int col = 8 * (4 * m + (q ^ 1));",
+     "sm90 row kernel, 16-byte epilogue: after the quad transpose, lanes q and q ^ 1 store their "
+     "8 columns at each other's place, so every output row's 8-column groups are swapped in pairs "
+     "(16-bit outputs without bias or accumulation: the forward and dgrad)"),
 ]
 
 
