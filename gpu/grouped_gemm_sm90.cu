@@ -87,6 +87,7 @@ struct KParams {
   int bias_type;  // 0 none, 1 f32, 2 bf16, 3 f16
   bool accumulate;
   int hint_a, hint_b;  // l2_policy() of the row operand's and the weight's loads
+  int hint_c;          // l2_policy() of store_block_wide's stores; 0: plain stores (no hint)
   // Groups of more than band_over M-pairs are walked in bands of band_pairs M-pairs (see decode).
   int band_pairs, band_over;
   bool wide_store;  // 16-bit c without bias or accumulation: store_block_wide (wide_store_setting)
@@ -217,6 +218,7 @@ struct WParams {
   int64_t mc, nc;  // c[g] is [mc, nc]: a is [rows, mc], b [rows, nc]
   void* c;
   bool accumulate;
+  int hint_c;  // l2_policy() of the TMA epilogue's stores; 0: no hint
 };
 
 struct WTile {
@@ -478,8 +480,9 @@ __device__ __forceinline__ void store_block(TC* c, int64_t ldc, int rows, int co
 // alignment (Nc % 8 == 0, c aligned: supported()).
 template <class TC>
 __device__ __forceinline__ void store_block_wide(TC* c, int64_t ldc, int rows, int cols,
-                                                 const float (&acc)[128]) {
+                                                 const float (&acc)[128], int hint_c) {
   static_assert(sizeof(TC) == 2, "16-bit c");
+  const uint64_t pol = hint_c ? l2_policy(hint_c) : 0;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, q = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -512,8 +515,16 @@ __device__ __forceinline__ void store_block_wide(TC* c, int64_t ldc, int rows, i
         }
       }
       const int col = 8 * (4 * m + q);
-      if (r < rows && col < cols)
-        *reinterpret_cast<uint4*>(cr + col) = make_uint4(w[0], w[1], w[2], w[3]);
+      if (r < rows && col < cols) {
+        if (hint_c) {
+          asm volatile(
+              "st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(cr + col),
+              "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(pol)
+              : "memory");
+        } else {
+          *reinterpret_cast<uint4*>(cr + col) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
     }
   }
 }
@@ -573,7 +584,15 @@ __device__ __forceinline__ void store_block_staged(TC* c, int64_t ldc, int rows,
 // TMA store of a 64 x 64 box of c (3-d map: columns, rows of c[g], g) from shared memory; TMA
 // writes only the part inside the map, so rows past Mc and columns past Nc are never written.
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int c0,
-                                             int c1, int c2) {
+                                             int c1, int c2, int hint, uint64_t pol) {
+  if (hint) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], "
+        "[%1], %5;" ::"l"(map),
+        "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
+        : "memory");
+    return;
+  }
   asm volatile(
       "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(map),
       "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
@@ -597,8 +616,9 @@ __device__ __forceinline__ void warpgroup_sync(int cw) {
 template <class TC>
 __device__ __forceinline__ void store_block_tma(const CUtensorMap* map, uint8_t* buf, int cw, int g,
                                                 int64_t i, int n0, int64_t nc,
-                                                const float (&acc)[128]) {
+                                                const float (&acc)[128], int hint) {
   static_assert(sizeof(TC) == 2, "16-bit c");
+  const uint64_t pol = hint ? l2_policy(hint) : 0;
   const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
   const uint32_t base = smem_addr(buf);
   const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (nc - n0 + 63) / 64));
@@ -628,7 +648,7 @@ __device__ __forceinline__ void store_block_tma(const CUtensorMap* map, uint8_t*
     warpgroup_sync(cw);
     if (t == 0) {
       for (int b = b0; b < b0 + kOutBoxes && b < boxes; ++b)
-        tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g);
+        tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g, hint, pol);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
   }
@@ -645,7 +665,8 @@ __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl,
   if (rows <= 0 || cols <= 0) return;
   if constexpr (sizeof(TC) == 2 && std::is_same_v<TB, NoBias> && !kAccumulate) {
     if (p.wide_store) {
-      store_block_wide<TC>(static_cast<TC*>(p.c) + r0 * p.nc + tl.n0, p.nc, rows, cols, acc);
+      store_block_wide<TC>(static_cast<TC*>(p.c) + r0 * p.nc + tl.n0, p.nc, rows, cols, acc,
+                           p.hint_c);
       return;
     }
   }
@@ -1048,7 +1069,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       if (i < p.mc) {
         consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
         if constexpr (kTma) {
-          store_block_tma<TC>(&tm_c, stage_out, cw, tl.g, i, tl.n0, p.nc, acc);
+          store_block_tma<TC>(&tm_c, stage_out, cw, tl.g, i, tl.n0, p.nc, acc, p.hint_c);
         } else {
           const int rows = static_cast<int>(min(static_cast<int64_t>(64), p.mc - i));
           const int cols = static_cast<int>(min(static_cast<int64_t>(kBN), p.nc - tl.n0));
@@ -1224,20 +1245,19 @@ int bias_code(const RowGroupedProduct& p) {
 }
 
 // When the weight is streamed (on average at most kStreamRows rows per group: each weight tile
-// serves one or two clusters, then is not read again), its loads are marked evict_first: the row
-// tile, which the group's other column tiles read, then stays in L2 instead of being re-read from
-// DRAM. Benchmark knob MOE_SM90_HINTS=ab (two digits of l2_policy codes, e.g. 01, 21, 00) forces
-// both.
+// serves one or two clusters, then is not read again), its loads are marked evict_first, the row
+// operand's evict_last and the epilogue's stores evict_first: the row tile, which the group's
+// other column tiles read, then stays in L2 instead of being re-read from DRAM. The store hint
+// matters in dgrad, whose 0.94 GB of output (DeepSeek-like) otherwise pushed its row operand out:
+// DRAM reads 8.55 -> 8.22 GB against a 7.78 GB minimum, dgrad 3-4% faster (docs/perf.md,
+// session 20). MOE_SM90_HINTS forces them (l2_hints_setting).
 void l2_hints(const RowGroupedProduct& p, KParams& kp) {
-  static const char* forced = std::getenv("MOE_SM90_HINTS");
-  if (forced && std::strlen(forced) == 2) {
-    kp.hint_a = std::clamp(forced[0] - '0', 0, 2);
-    kp.hint_b = std::clamp(forced[1] - '0', 0, 2);
-    return;
-  }
+  const L2Hints forced = l2_hints_setting();
   constexpr int64_t kStreamRows = 2 * kBM * kCluster;
-  kp.hint_a = 0;
-  kp.hint_b = p.rows <= kStreamRows * p.groups ? 1 : 0;
+  const bool streamed = p.rows <= kStreamRows * p.groups;
+  kp.hint_a = forced.a >= 0 ? forced.a : streamed ? 2 : 0;
+  kp.hint_b = forced.b >= 0 ? forced.b : streamed ? 1 : 0;
+  kp.hint_c = forced.c >= 0 ? forced.c : streamed ? 1 : 0;
 }
 
 // Banded walk (decode): bands of about kBandBytes of row operand, for groups whose row operand
@@ -1289,6 +1309,24 @@ int fold_tail_setting() {
   if (std::strcmp(e, "npair") == 0) return 0;
   throw std::invalid_argument(std::string("MOE_SM90_TAIL: expected auto, fold or npair, got '") +
                               e + "'");
+}
+
+L2Hints l2_hints_setting() {
+  const char* e = std::getenv("MOE_SM90_HINTS");
+  L2Hints h;
+  if (!e || !*e || std::strcmp(e, "auto") == 0) return h;
+  const size_t n = std::strlen(e);
+  bool ok = n == 2 || n == 3;
+  for (size_t i = 0; ok && i < n; ++i) ok = e[i] >= '0' && e[i] <= '2';
+  if (!ok)
+    throw std::invalid_argument(std::string("MOE_SM90_HINTS: expected auto or 2 or 3 digits of 0 "
+                                            "(evict_normal), 1 (evict_first), 2 (evict_last), "
+                                            "got '") +
+                                e + "'");
+  h.a = e[0] - '0';
+  h.b = e[1] - '0';
+  h.c = n == 3 ? e[2] - '0' : 0;
+  return h;
 }
 
 bool wide_store_setting() {
@@ -1502,6 +1540,10 @@ void launch(const ColGroupedProduct& p, Stream s) {
   kp.mc = p.mc;
   kp.nc = p.nc;
   kp.c = p.c;
+  // The gradient is written once and read by no tile of this launch: evict_first keeps a_g and b_g,
+  // which every tile of the group reads, in L2 (DeepSeek-like skewed wgrad ~5% faster, session 20).
+  const int forced_c = l2_hints_setting().c;
+  kp.hint_c = forced_c >= 0 ? forced_c : 1;
   kp.accumulate = p.accumulate;
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (f16) {

@@ -122,6 +122,19 @@ int band_setting();
 // throws std::invalid_argument naming it. Read on every call.
 int fold_tail_setting();
 
+// L2 eviction priorities of the sm90 kernels' memory traffic, as PTX createpolicy codes (0
+// evict_normal, 1 evict_first, 2 evict_last): a the row operand's loads, b the weight's, c the
+// epilogue's 16-bit stores (the row kernel's store_block_wide, the wgrad kernel's TMA stores); -1
+// the kernel's own choice (grouped_gemm_sm90.cu, l2_hints; wgrad: c = 1).
+struct L2Hints {
+  int a = -1, b = -1, c = -1;
+};
+
+// MOE_SM90_HINTS: unset, empty or "auto" every field -1; "ab" or "abc" (digits 0-2: A/B) forces
+// them, two digits with c = 0; anything else throws std::invalid_argument naming it. Read on
+// every call.
+L2Hints l2_hints_setting();
+
 // MOE_SM90_STORE (RowGroupedProduct::wide_store): unset, empty or "wide" true (16-byte stores
 // after a transpose within each quad of lanes), "plain" false (4-byte stores from the
 // accumulator fragments: A/B); anything else throws std::invalid_argument naming it. Read on

@@ -599,6 +599,33 @@ TEST(GemmImplDefault, Sm90StoreVariableIsParsedAndABadValueNamesIt) {
   EXPECT_THAT(e, ::testing::HasSubstr("narrow"));
 }
 
+TEST(GemmImplDefault, Sm90HintsVariableIsParsedAndABadValueNamesIt) {
+  const ScopedEnv env("MOE_SM90_HINTS");
+  for (const char* automatic : {static_cast<const char*>(nullptr), "", "auto"}) {
+    env.set(automatic);
+    const gpu::sm90::L2Hints h = gpu::sm90::l2_hints_setting();
+    EXPECT_EQ(h.a, -1);
+    EXPECT_EQ(h.b, -1);
+    EXPECT_EQ(h.c, -1);
+  }
+  env.set("21");  // two digits: no store hint
+  gpu::sm90::L2Hints h = gpu::sm90::l2_hints_setting();
+  EXPECT_EQ(h.a, 2);
+  EXPECT_EQ(h.b, 1);
+  EXPECT_EQ(h.c, 0);
+  env.set("012");
+  h = gpu::sm90::l2_hints_setting();
+  EXPECT_EQ(h.a, 0);
+  EXPECT_EQ(h.b, 1);
+  EXPECT_EQ(h.c, 2);
+  for (const char* bad : {"3", "013", "0123", "a1", "2 1"}) {
+    env.set(bad);
+    const std::string e = error_of([] { gpu::sm90::l2_hints_setting(); });
+    EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_HINTS")) << bad;
+    EXPECT_THAT(e, ::testing::HasSubstr(std::string("'") + bad + "'")) << bad;
+  }
+}
+
 // The sm90 kernel folds a group's tail (gpu/grouped_gemm_sm90.cuh, folds_tail) only where the
 // N-pair entries it saves are at least a tenth of the table (fold_tail_pays), since the folding
 // kernel is slower on every entry. Host only: the shapes of the benchmark cases, the boundary
@@ -1374,10 +1401,12 @@ TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
 // 16-byte piece per row), the sizes give rows past a group's end in every position of the
 // 16-row warp slices, folded tails (stored by the plain path) and N-pairs. Outputs are poisoned
 // first, so a piece the wide path skips shows; the forward and dgrad are also sampled against
-// fp64 sums. A bad MOE_SM90_STORE throws before anything is issued.
+// fp64 sums. The groups average under 512 rows, so the weight counts as streamed and the wide
+// stores carry an evict_first L2 hint (l2_hints); without any hints (MOE_SM90_HINTS=000) the bits
+// are the same. A bad MOE_SM90_STORE throws before anything is issued.
 TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
   MOE_SKIP_WITHOUT_SM90();
-  const ScopedEnv store_env("MOE_SM90_STORE");
+  const ScopedEnv store_env("MOE_SM90_STORE"), hints_env("MOE_SM90_HINTS");
   const std::vector<int64_t> sizes = {1, 7, 64, 65, 100, 128, 129, 200, 0, 256, 257, 300, 385, 545};
   int64_t used = 0;
   for (int64_t v : sizes) used += v;
@@ -1399,6 +1428,11 @@ TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
   const auto [out_w, gx_w] = run("wide");
   EXPECT_TRUE(out_w.bitwise_equal(out_p)) << "fwd: wide and plain epilogues differ";
   EXPECT_TRUE(gx_w.bitwise_equal(gx_p)) << "dgrad: wide and plain epilogues differ";
+  hints_env.set("000");
+  const auto [out_n, gx_n] = run("wide");
+  hints_env.set(nullptr);
+  EXPECT_TRUE(out_n.bitwise_equal(out_w)) << "fwd: the L2 hints change the bits";
+  EXPECT_TRUE(gx_n.bitwise_equal(gx_w)) << "dgrad: the L2 hints change the bits";
   gpu::DeviceTensor d_out = gpu::DeviceTensor::upload(out_w),
                     d_gx = gpu::DeviceTensor::upload(gx_w);
   const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
@@ -1592,7 +1626,8 @@ TEST(Sm90GemmGpu, TwoPairsSumInOneAccumulator) {
 // second warpgroup has 8), N = 520 a column tile of 8 columns (one box of b). Every element of
 // grad_w is checked against its fp64 sum, as bf16 (grouped_gemm_bwd) and as fp32 (the product
 // with an fp32 output, the staged epilogue's other path); the empty group is exactly zero
-// (poisoned first), and two runs are bitwise equal. The kernel is opt-in (GemmOptions::sm90_wgrad).
+// (poisoned first), and two runs are bitwise equal, as is a run whose TMA stores carry no L2 hint
+// (MOE_SM90_HINTS=000; evict_first by default). The kernel is opt-in (GemmOptions::sm90_wgrad).
 TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const std::vector<int64_t> sizes = {1, 63, 64, 65, 0, 128, 200, 257, 300, 130};
@@ -1663,6 +1698,9 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   EXPECT_TRUE(s.bad.empty()) << s.bad.size()
                              << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
   EXPECT_TRUE(gw.bitwise_equal(run())) << "two runs differ";
+  const ScopedEnv hints("MOE_SM90_HINTS");
+  hints.set("000");
+  EXPECT_TRUE(gw.bitwise_equal(run())) << "the L2 hint changes the bits";
 }
 
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
