@@ -345,8 +345,8 @@ M = [
      "GemmImpl::automatic: a group of exactly 320 rows (2048 for wgrad) not counted as small (a "
      "performance rule; caught by the host test of auto_prefers_sm90)"),
     ("073", "sm90_wgrad_tma_box_column", "offset", "gpu/grouped_gemm_sm90.cu", 1,
-     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g);",
-     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b0, static_cast<int>(i), g);",
+     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g, hint, pol);",
+     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b0, static_cast<int>(i), g, hint, pol);",
      "sm90 wgrad, TMA-store epilogue: both boxes of a half stored at the half's first 64 columns, "
      "so every tile's columns 64-127 and 192-255 are never written (16-bit grad_w, GemmImpl::sm90 "
      "with sm90_wgrad or automatic)"),
@@ -390,6 +390,12 @@ M = [
      "sm90 row kernel, 16-byte epilogue: after the quad transpose, lanes q and q ^ 1 store their "
      "8 columns at each other's place, so every output row's 8-column groups are swapped in pairs "
      "(16-bit outputs without bias or accumulation: the forward and dgrad)"),
+    ("081", "sm90_hinted_store_word_order", "layout", "gpu/grouped_gemm_sm90.cu", 1,
+     '"r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(pol)',
+     '"r"(w[1]), "r"(w[0]), "r"(w[2]), "r"(w[3]), "l"(pol)',
+     "sm90 row kernel, 16-byte epilogue with an L2 hint (the default where the weight streams): "
+     "the first two 4-byte words of each piece swapped, so columns 8 j + 0..1 and 8 j + 2..3 trade "
+     "places (the unhinted store is right, so only tests that run the hinted one can see it)"),
 ]
 
 
