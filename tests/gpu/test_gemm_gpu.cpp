@@ -961,6 +961,10 @@ const std::vector<BenchShape>& bench_shapes() {
       {"deepseek_e64", 8192, 8, 7168, 2048, 64, Regime::uniform},
       // ~2048 rows: where wgrad's rule (kAutoWgradRows) puts its bound.
       {"deepseek_e32", 8192, 8, 7168, 2048, 32, Regime::uniform},
+      // Skewed with fewer experts: fewer small groups' weights to stream beside the large groups'
+      // FLOPs than deepseek_skewed (where sm90's mixed order pays), for automatic's rule.
+      {"deepseek_e128_skewed", 8192, 8, 7168, 2048, 128, Regime::skewed},
+      {"deepseek_e64_skewed", 8192, 8, 7168, 2048, 64, Regime::skewed},
       // The DeepSeek-like FFN's output projection (K = 2048, N = 7168).
       {"deepseek_down", 8192, 8, 2048, 7168, 256, Regime::uniform}};
   return v;
@@ -1047,13 +1051,19 @@ std::vector<int64_t> tile_starts(const std::vector<int64_t>& sizes, int64_t nc) 
   return start;
 }
 
+// The group sizes, and what automatic's rule weighs: the groups of at most kAutoSm90Rows rows
+// (their weight stream bounds them) and the rows of the larger ones (their FLOPs).
 std::string skew_summary(const gpu::GroupPlan& p) {
-  int64_t mx = 0, empty = 0;
+  int64_t mx = 0, empty = 0, small = 0, large_rows = 0;
   for (int64_t v : p.sizes) {
     mx = std::max(mx, v);
     empty += v == 0;
+    small += v > 0 && v <= gpu::kAutoSm90Rows;
+    large_rows += v > gpu::kAutoSm90Rows ? v : 0;
   }
-  return "largest group " + std::to_string(mx) + " rows, " + std::to_string(empty) + " empty";
+  return "largest group " + std::to_string(mx) + " rows, " + std::to_string(empty) + " empty, " +
+         std::to_string(small) + " of <= " + std::to_string(gpu::kAutoSm90Rows) + " rows, " +
+         std::to_string(large_rows) + " rows in larger ones";
 }
 
 }  // namespace
