@@ -1190,20 +1190,39 @@ bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows) {
   return 2 * small >= plan.used;
 }
 
+bool auto_mixes_for_sm90(const GroupPlan& plan) {
+  int64_t streaming = 0, other_rows = 0;
+  bool dense = false;
+  for (const int64_t n : plan.sizes) {
+    if (n == 0) continue;
+    if (n <= sm90::kStreamRows) {
+      ++streaming;
+    } else {
+      other_rows += n;
+      dense |= n > sm90::kDenseRows;
+    }
+  }
+  return dense && streaming > 0 && 2 * streaming * kAutoRidgeRows >= other_rows;
+}
+
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
                            bool wgrad_tma_epilogue) {
   if (impl != GemmImpl::automatic) return impl;
   if (!sm90::available()) return GemmImpl::chunked;
   if (role == GemmRole::wgrad)
-    return wgrad_tma_epilogue && auto_prefers_sm90(plan, kAutoWgradRows) ? GemmImpl::sm90
-                                                                         : GemmImpl::chunked;
-  return auto_prefers_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
+    return wgrad_tma_epilogue &&
+                   (auto_prefers_sm90(plan, kAutoWgradRows) || auto_mixes_for_sm90(plan))
+               ? GemmImpl::sm90
+               : GemmImpl::chunked;
+  return auto_prefers_sm90(plan, kAutoSm90Rows) || auto_mixes_for_sm90(plan) ? GemmImpl::sm90
+                                                                             : GemmImpl::chunked;
 }
 
 GemmImpl resolve_pair_impl(GemmImpl impl, const GroupPlan& plan) {
   if (impl != GemmImpl::automatic) return impl;
-  return sm90::available() && auto_prefers_sm90(plan, kAutoPairRows) ? GemmImpl::sm90
-                                                                     : GemmImpl::chunked;
+  return sm90::available() && (auto_prefers_sm90(plan, kAutoPairRows) || auto_mixes_for_sm90(plan))
+             ? GemmImpl::sm90
+             : GemmImpl::chunked;
 }
 
 bool sm90_wgrad_from_env() {

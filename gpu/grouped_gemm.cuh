@@ -116,8 +116,9 @@ enum class GemmImpl : uint8_t {
               // streamed for few rows, where our kernel beats cuBLAS), for wgrad (its own kernel)
               // where at least half are in groups of at most kAutoWgradRows and the gradient is
               // 16-bit and not accumulated, and a sum of two products (the FFN's grad x) on it
-              // where at least half are in groups of at most kAutoPairRows, when the kernel is
-              // available; else `chunked` (see resolve_gemm_impl, resolve_pair_impl).
+              // where at least half are in groups of at most kAutoPairRows, and all of them
+              // where the plan mixes streaming and dense groups (kAutoRidgeRows), when the kernel
+              // is available; else `chunked` (see resolve_gemm_impl, resolve_pair_impl).
 };
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
 // H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
@@ -145,6 +146,20 @@ constexpr int64_t kAutoWgradRows = 2048;
 // with the pair on sm90 everywhere instead, the FFN's fwd+bwd ran 2-3% slower on DeepSeek-like
 // skewed (91% of the rows in groups of 1103-39830) and 0-5% on both Mixtral-like shapes.
 constexpr int64_t kAutoPairRows = kAutoWgradRows;
+// A plan that mixes groups bound by streaming their weight (at most sm90::kStreamRows rows) with
+// groups bound by the tensor cores (some above sm90::kDenseRows) runs on sm90 for every role
+// (fwd, dgrad, wgrad with its TMA-store epilogue, the two-product sum) where streaming the small
+// groups' weights takes at least half as long as the other groups' products at the dense rate:
+// each weight is 2 K N bytes and each row 2 K N FLOPs, so with the H100's dense bf16 rate over
+// its copy bandwidth (~780 TFLOP/s / ~3.0 TB/s: kAutoRidgeRows FLOPs per byte) that is
+// 2 x (small groups) x kAutoRidgeRows >= (rows of the others). There sm90 draws the two kinds
+// side by side (sm90::mixed_order), so the weight stream hides under the products; cuBLAS runs
+// them one after the other. Measured (H100, session 20, GemmBench chunked / sm90 with its wgrad
+// kernel, two rounds, docs/perf.md), the DeepSeek-like skewed product at 256, 128 and 64 experts
+// (203, 114 and 52 small groups beside ~62k rows; the ratio of the two times 0.85, 0.47, 0.21):
+// fwd+bwd -5%, -0.4%, +3.3% (fwd -13%, -5%, -2%; dgrad -5%, 0%, +5%; wgrad -2%, -3%, -2%); the
+// FFN's fwd+bwd -3.5%, -2%, -3%.
+constexpr int64_t kAutoRidgeRows = 260;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
 // The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or
@@ -221,14 +236,19 @@ enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
 // The impl that runs a product of this role and plan: impl itself, except that automatic becomes
 // sm90 where sm90::available() and at least half the plan's rows are in groups of at most
 // kAutoSm90Rows rows (fwd, dgrad) or kAutoWgradRows rows (wgrad, and only with
-// wgrad_tma_epilogue: a 16-bit gradient written, not accumulated), else chunked.
+// wgrad_tma_epilogue: a 16-bit gradient written, not accumulated), or the plan mixes
+// (auto_mixes_for_sm90; wgrad again only with wgrad_tma_epilogue), else chunked.
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
                            bool wgrad_tma_epilogue = false);
 // Whether at least half the plan's rows are in groups of at most max_rows rows (an empty plan
 // counts as such): automatic's rule, without the availability of the kernel.
 bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows = kAutoSm90Rows);
+// Whether the plan mixes streaming and dense groups enough for sm90 (kAutoRidgeRows): automatic's
+// second rule, for every role, without the availability of the kernel.
+bool auto_mixes_for_sm90(const GroupPlan& plan);
 // The impl of a two-product sum (gemm_detail::grouped_product_sum): impl itself, except that
-// automatic becomes sm90 where sm90::available() and auto_prefers_sm90(plan, kAutoPairRows).
+// automatic becomes sm90 where sm90::available() and auto_prefers_sm90(plan, kAutoPairRows) or
+// auto_mixes_for_sm90(plan).
 GemmImpl resolve_pair_impl(GemmImpl impl, const GroupPlan& plan);
 void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& c,
                 Stream s = nullptr);

@@ -1070,8 +1070,9 @@ std::string skew_summary(const gpu::GroupPlan& p) {
 
 // GemmImpl::automatic (the default) runs fwd and dgrad on sm90 where at least half the rows are in
 // groups of at most kAutoSm90Rows rows, and wgrad where at least half are in groups of at most
-// kAutoWgradRows rows and its TMA-store epilogue applies, when the kernel is available (else
-// chunked); other impls are kept. Host only: on a machine without the sm90 kernel, automatic is
+// kAutoWgradRows rows and its TMA-store epilogue applies, and all of them where the plan mixes
+// streaming and dense groups (kAutoRidgeRows), when the kernel is available (else chunked);
+// other impls are kept. Host only: on a machine without the sm90 kernel, automatic is
 // always chunked.
 TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   using gpu::GemmImpl;
@@ -1098,15 +1099,47 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, empty), small);
   }
   // GemmBench's DeepSeek-like shapes: uniform (groups of 211-293 rows) on sm90; skewed (91% of
-  // the rows in 6 groups of more than 1024 rows) and 128 experts (groups of ~512) on chunked.
+  // the rows in 6 groups of more than 1024 rows) not by this rule, and 128 experts (groups of
+  // ~512) on chunked.
   const auto ds_plan = [](Regime r) { return bench_plan({"deepseek", 8192, 8, 0, 0, 256, r}); };
   EXPECT_TRUE(gpu::auto_prefers_sm90(ds_plan(Regime::uniform)));
   EXPECT_FALSE(gpu::auto_prefers_sm90(ds_plan(Regime::skewed)));
   EXPECT_FALSE(gpu::auto_prefers_sm90(bench_plan({"e128", 8192, 8, 0, 0, 128, Regime::uniform})));
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::uniform)),
             small);
-  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, ds_plan(Regime::skewed)),
+  // The second rule, a plan that mixes streaming groups (at most 256 rows, empty ones not counted)
+  // with dense ones (some above 1024): sm90 where 2 x 260 x (streaming groups) >= (other rows).
+  EXPECT_EQ(gpu::kAutoRidgeRows, 260);
+  EXPECT_EQ(gpu::sm90::kStreamRows, 256);
+  EXPECT_EQ(gpu::sm90::kDenseRows, 1024);
+  const gpu::GroupPlan mix_at = gpu::make_group_plan({1040, 0, 256, 1}, 1300);
+  const gpu::GroupPlan mix_above = gpu::make_group_plan({1041, 0, 256, 1}, 1300);
+  EXPECT_TRUE(gpu::auto_mixes_for_sm90(mix_at));
+  EXPECT_FALSE(gpu::auto_mixes_for_sm90(mix_above));
+  EXPECT_FALSE(gpu::auto_prefers_sm90(mix_at));  // the first rule alone: chunked
+  // 257 rows is not streaming (and counts among the others); no group above 1024: no mix.
+  EXPECT_FALSE(gpu::auto_mixes_for_sm90(gpu::make_group_plan({1025, 257, 256}, 1600)));
+  EXPECT_FALSE(gpu::auto_mixes_for_sm90(gpu::make_group_plan({1024, 256, 256, 256}, 1800)));
+  EXPECT_FALSE(gpu::auto_mixes_for_sm90(gpu::make_group_plan({2000, 0, 0}, 2000)));
+  EXPECT_FALSE(gpu::auto_mixes_for_sm90(empty));
+  // GemmBench's DeepSeek-like skewed shapes: 256 experts mix (203 streaming groups beside 62219
+  // rows), 128 and 64 do not (114 and 52); the Mixtral-like shapes have no streaming group.
+  EXPECT_TRUE(gpu::auto_mixes_for_sm90(ds_plan(Regime::skewed)));
+  for (const int64_t e : {128, 64})
+    EXPECT_FALSE(gpu::auto_mixes_for_sm90(bench_plan({"e", 8192, 8, 0, 0, e, Regime::skewed})))
+        << e << " experts";
+  for (const Regime r : {Regime::uniform, Regime::skewed})
+    EXPECT_FALSE(gpu::auto_mixes_for_sm90(bench_plan({"m", 16384, 2, 0, 0, 8, r})));
+  for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, ds_plan(Regime::skewed)), small);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_at), small);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_above), GemmImpl::chunked);
+  }
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, mix_at, true), small);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, mix_at, false),
             GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, mix_at), small);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, mix_above), GemmImpl::chunked);
   // wgrad: its own bound, and only with the TMA-store epilogue (a 16-bit gradient, written).
   EXPECT_EQ(gpu::kAutoWgradRows, 2048);
   const gpu::GroupPlan w_at = gpu::make_group_plan({2048, 0, 1000, 3048}, 6100);
@@ -1134,8 +1167,7 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   EXPECT_EQ(gpu::kAutoPairRows, 2048);
   EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, w_at), small);
   EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, w_above), GemmImpl::chunked);
-  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, ds_plan(Regime::skewed)),
-            GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, ds_plan(Regime::skewed)), small);
   for (const GemmImpl i : {GemmImpl::chunked, GemmImpl::sm90, GemmImpl::streams})
     EXPECT_EQ(gpu::resolve_pair_impl(i, w_at), i);
   for (const Regime r : {Regime::uniform, Regime::skewed})
