@@ -126,7 +126,8 @@ enum class GemmImpl : uint8_t {
 // rows (DeepSeek-like uniform) sm90's forward was 5-14% faster than chunked's (`bench`, three
 // calls) and the FFN 5%; with groups of ~512 rows (GemmBench deepseek_e128) sm90's forward was 3%
 // slower and the FFN's fwd+bwd 13%; with ~1024 (deepseek_e64) 8% and 20%; where 91% of the rows
-// are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7% slower.
+// are in 6 groups of 1103-39830 rows (DeepSeek-like skewed) the FFN's fwd+bwd was 7% slower
+// (session 20: 3.5% faster since; that plan now goes to sm90 by kAutoRidgeRows).
 constexpr int64_t kAutoSm90Rows = 320;
 // The same bound for wgrad on the sm90 kernel (its TMA-store epilogue overlaps writing each tile
 // of the gradient with the next tile's products; cuBLAS's per-group products stop for it).
@@ -144,7 +145,8 @@ constexpr int64_t kAutoWgradRows = 2048;
 // session 17, `bench`, docs/perf.md): moe_block deepseek_like (under half its rows in groups of at
 // most 320 rows, so its single products stay on chunked) 175k -> 188k tokens/s with this rule;
 // with the pair on sm90 everywhere instead, the FFN's fwd+bwd ran 2-3% slower on DeepSeek-like
-// skewed (91% of the rows in groups of 1103-39830) and 0-5% on both Mixtral-like shapes.
+// skewed (91% of the rows in groups of 1103-39830; since session 20 kAutoRidgeRows takes it to
+// sm90 as a whole) and 0-5% on both Mixtral-like shapes.
 constexpr int64_t kAutoPairRows = kAutoWgradRows;
 // A plan that mixes groups bound by streaming their weight (at most sm90::kStreamRows rows) with
 // groups bound by the tensor cores (some above sm90::kDenseRows) runs on sm90 for every role
@@ -157,8 +159,9 @@ constexpr int64_t kAutoPairRows = kAutoWgradRows;
 // them one after the other. Measured (H100, session 20, GemmBench chunked / sm90 with its wgrad
 // kernel, two rounds, docs/perf.md), the DeepSeek-like skewed product at 256, 128 and 64 experts
 // (203, 114 and 52 small groups beside ~62k rows; the ratio of the two times 0.85, 0.47, 0.21):
-// fwd+bwd -5%, -0.4%, +3.3% (fwd -13%, -5%, -2%; dgrad -5%, 0%, +5%; wgrad -2%, -3%, -2%); the
-// FFN's fwd+bwd -3.5%, -2%, -3%.
+// fwd+bwd -5%, +0.2%, +3.4% (fwd -13%, -6%, -2.5%; dgrad -5%, 0%, +6%; wgrad -2.5%, -4%, -2%); the
+// FFN's fwd+bwd -3.5%, -2%, -3.4%. `bench` deepseek_skewed: grouped_gemm fwd+bwd -7%, the FFN's
+// -5%.
 constexpr int64_t kAutoRidgeRows = 260;
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
