@@ -1051,19 +1051,20 @@ std::vector<int64_t> tile_starts(const std::vector<int64_t>& sizes, int64_t nc) 
   return start;
 }
 
-// The group sizes, and what automatic's rule weighs: the groups of at most kAutoSm90Rows rows
-// (their weight stream bounds them) and the rows of the larger ones (their FLOPs).
+// The group sizes, and what automatic's mixed-plan rule weighs (auto_mixes_for_sm90): the
+// streaming groups (at most sm90::kStreamRows rows) and the rows of the others.
 std::string skew_summary(const gpu::GroupPlan& p) {
-  int64_t mx = 0, empty = 0, small = 0, large_rows = 0;
+  int64_t mx = 0, empty = 0, streaming = 0, other_rows = 0;
   for (int64_t v : p.sizes) {
     mx = std::max(mx, v);
     empty += v == 0;
-    small += v > 0 && v <= gpu::kAutoSm90Rows;
-    large_rows += v > gpu::kAutoSm90Rows ? v : 0;
+    streaming += v > 0 && v <= gpu::sm90::kStreamRows;
+    other_rows += v > gpu::sm90::kStreamRows ? v : 0;
   }
   return "largest group " + std::to_string(mx) + " rows, " + std::to_string(empty) + " empty, " +
-         std::to_string(small) + " of <= " + std::to_string(gpu::kAutoSm90Rows) + " rows, " +
-         std::to_string(large_rows) + " rows in larger ones";
+         std::to_string(streaming) + " of <= " + std::to_string(gpu::sm90::kStreamRows) +
+         " rows beside " + std::to_string(other_rows) +
+         " rows in the others (auto mixes: " + (gpu::auto_mixes_for_sm90(p) ? "yes" : "no") + ")";
 }
 
 }  // namespace
