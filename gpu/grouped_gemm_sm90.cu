@@ -1244,17 +1244,17 @@ int bias_code(const RowGroupedProduct& p) {
   }
 }
 
-// When the weight is streamed (on average at most kStreamRows rows per group: each weight tile
-// serves one or two clusters, then is not read again), its loads are marked evict_first, the row
-// operand's evict_last and the epilogue's stores evict_first: the row tile, which the group's
+// When the weight is streamed (on average at most kStreamedAverageRows rows per group: each weight
+// tile serves one or two clusters, then is not read again), its loads are marked evict_first, the
+// row operand's evict_last and the epilogue's stores evict_first: the row tile, which the group's
 // other column tiles read, then stays in L2 instead of being re-read from DRAM. The store hint
 // matters in dgrad, whose 0.94 GB of output (DeepSeek-like) otherwise pushed its row operand out:
 // DRAM reads 8.55 -> 8.22 GB against a 7.78 GB minimum, dgrad 3-4% faster (docs/perf.md,
 // session 20). MOE_SM90_HINTS forces them (l2_hints_setting).
 void l2_hints(const RowGroupedProduct& p, KParams& kp) {
   const L2Hints forced = l2_hints_setting();
-  constexpr int64_t kStreamRows = 2 * kBM * kCluster;
-  const bool streamed = p.rows <= kStreamRows * p.groups;
+  constexpr int64_t kStreamedAverageRows = 2 * kBM * kCluster;  // 512: not sm90::kStreamRows
+  const bool streamed = p.rows <= kStreamedAverageRows * p.groups;
   kp.hint_a = forced.a >= 0 ? forced.a : streamed ? 2 : 0;
   kp.hint_b = forced.b >= 0 ? forced.b : streamed ? 1 : 0;
   kp.hint_c = forced.c >= 0 ? forced.c : streamed ? 1 : 0;
@@ -1329,35 +1329,32 @@ L2Hints l2_hints_setting() {
   return h;
 }
 
+namespace {
+// A two-way benchmark knob: unset, empty or `on` true, `off` false; anything else throws
+// std::invalid_argument naming the variable and its value.
+bool two_way_setting(const char* name, const char* on, const char* off) {
+  const char* e = std::getenv(name);
+  if (!e || !*e || std::strcmp(e, on) == 0) return true;
+  if (std::strcmp(e, off) == 0) return false;
+  throw std::invalid_argument(std::string(name) + ": expected " + on + " or " + off + ", got '" +
+                              e + "'");
+}
+}  // namespace
+
 bool wide_store_setting() {
-  const char* e = std::getenv("MOE_SM90_STORE");
-  if (!e || !*e || std::strcmp(e, "wide") == 0) return true;
-  if (std::strcmp(e, "plain") == 0) return false;
-  throw std::invalid_argument(std::string("MOE_SM90_STORE: expected plain or wide, got '") + e +
-                              "'");
+  return two_way_setting("MOE_SM90_STORE", "wide", "plain");
 }
 
 bool mix_setting() {
-  const char* e = std::getenv("MOE_SM90_MIX");
-  if (!e || !*e || std::strcmp(e, "auto") == 0) return true;
-  if (std::strcmp(e, "off") == 0) return false;
-  throw std::invalid_argument(std::string("MOE_SM90_MIX: expected auto or off, got '") + e + "'");
+  return two_way_setting("MOE_SM90_MIX", "auto", "off");
 }
 
 bool wgrad_store_tma() {
-  const char* e = std::getenv("MOE_SM90_WGRAD_STORE");
-  if (!e || !*e || std::strcmp(e, "tma") == 0) return true;
-  if (std::strcmp(e, "sync") == 0) return false;
-  throw std::invalid_argument(std::string("MOE_SM90_WGRAD_STORE: expected tma or sync, got '") + e +
-                              "'");
+  return two_way_setting("MOE_SM90_WGRAD_STORE", "tma", "sync");
 }
 
 bool dynamic_schedule() {
-  const char* e = std::getenv("MOE_SM90_SCHED");
-  if (!e || !*e || std::strcmp(e, "dynamic") == 0) return true;
-  if (std::strcmp(e, "static") == 0) return false;
-  throw std::invalid_argument(std::string("MOE_SM90_SCHED: expected static or dynamic, got '") + e +
-                              "'");
+  return two_way_setting("MOE_SM90_SCHED", "dynamic", "static");
 }
 
 bool available() {
