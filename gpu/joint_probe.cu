@@ -24,11 +24,11 @@ constexpr int kPiece = 4096;                // bytes per bulk copy
 constexpr int64_t kMaxExtraPerStage = 16 * 1024;
 
 struct JParams {
-  const uint8_t* tiles;  // stages x kJointStageBytes
-  const uint8_t* extra;  // extra bytes
-  const uint8_t* rows;   // kRowBytes
-  uint32_t* out;         // stores x kJointStoreBytes
-  int64_t stages, extra16, stores;
+  const uint8_t* tiles;                      // tiles x kJointStageBytes
+  const uint8_t* extra;                      // extra bytes
+  const uint8_t* rows;                       // kRowBytes
+  uint32_t* out;                             // stores x kJointStoreBytes
+  int64_t stages, extra16, stores, n_tiles;  // n_tiles: JointWork::tiles
   int extra_slot;  // shared-memory bytes per stage for the extra reads (multiple of 1024)
   int mode;        // JointMode
 };
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
       int64_t eoff = 0, elen = 0;
       if (mode != JointMode::mma) joint_extra_range(p.stages, p.extra16, s, eoff, elen);
       mbar_arrive_expect_tx(&full[slot], static_cast<uint32_t>(kJointStageBytes + elen));
-      const uint8_t* src = p.tiles + s * kJointStageBytes;
+      const uint8_t* src = p.tiles + joint_tile_of(p.stages, p.n_tiles, s) * kJointStageBytes;
       for (int c = 0; c < kJointStageBytes; c += kPiece)
         copy_g2s(dst + c, src + c, kPiece, &full[slot], pol);
       for (int64_t c = 0; c < elen; c += kPiece)
@@ -176,11 +176,13 @@ int extra_slot_bytes(const JointWork& w) {
 
 const JointWork& validated(const JointWork& w) {
   if (w.stages < 0 || w.extra < 0 || w.extra % 16 != 0 || w.stores < 0 || w.stores > w.stages ||
+      w.tiles < 0 || w.tiles > w.stages ||
       (w.stages > 0 && (w.extra / 16 + w.stages - 1) / w.stages * 16 > kMaxExtraPerStage))
     throw std::invalid_argument("joint probe: bad work (stages " + std::to_string(w.stages) +
                                 ", extra " + std::to_string(w.extra) + ", stores " +
-                                std::to_string(w.stores) +
-                                "; stores <= stages, at most 16 KiB of extra reads a stage)");
+                                std::to_string(w.stores) + ", tiles " + std::to_string(w.tiles) +
+                                "; stores and tiles <= stages, at most 16 KiB of extra reads a "
+                                "stage)");
   return w;
 }
 
@@ -191,7 +193,10 @@ JointWork joint_work_for(double flops, double read_bytes, double write_bytes) {
     throw std::invalid_argument("joint_work_for: flops, read_bytes and write_bytes must be >= 0");
   JointWork w;
   w.stages = static_cast<int64_t>(std::ceil(flops / kJointStageFlops));
-  const double left = read_bytes - static_cast<double>(w.stages) * kJointStageBytes;
+  const int64_t cover = static_cast<int64_t>(std::ceil(read_bytes / kJointStageBytes));
+  if (cover < w.stages) w.tiles = std::max<int64_t>(cover, 1);
+  const int64_t streamed = w.tiles == 0 ? w.stages : w.tiles;
+  const double left = read_bytes - static_cast<double>(streamed) * kJointStageBytes;
   w.extra = left > 0 ? static_cast<int64_t>(std::ceil(left / 16)) * 16 : 0;
   w.stores = static_cast<int64_t>(std::ceil(write_bytes / kJointStoreBytes));
   return validated(w);
@@ -209,7 +214,7 @@ bool joint_probe_available() {
 
 JointProbe::JointProbe(const JointWork& w)
     : work_(validated(w)),
-      tiles_(DType::bf16, {w.stages * kJointStageBytes / 2}),
+      tiles_(DType::bf16, {(w.tiles == 0 ? w.stages : w.tiles) * kJointStageBytes / 2}),
       extra_(DType::bf16, {w.extra / 2}),
       rows_(DType::bf16, {kRowBytes / 2}),
       out_(DType::bf16, {w.stores * kJointStoreBytes / 2}) {
@@ -229,6 +234,7 @@ void JointProbe::launch(JointMode mode, Stream s, int ctas) {
   p.stages = work_.stages;
   p.extra16 = work_.extra / 16;
   p.stores = work_.stores;
+  p.n_tiles = work_.tiles;
   p.extra_slot = extra_slot_bytes(work_);
   p.mode = static_cast<int>(mode);
   const int smem = kStages * (static_cast<int>(kJointStageBytes) + p.extra_slot) + kRowBytes +

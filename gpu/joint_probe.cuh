@@ -37,10 +37,16 @@ struct JointWork {
   int64_t stages = 0;  // weight-like stages (flops = stages * kJointStageFlops)
   int64_t extra = 0;   // more bytes read, a multiple of 16
   int64_t stores = 0;  // stores of kJointStoreBytes, at most `stages`
+  // Distinct tiles streamed, at most `stages` (0: one a stage). Fewer: runs of consecutive stages
+  // copy one tile (joint_tile_of), the first copy from DRAM and the rest from L2, as wgrad's
+  // operands (one group's rows, ~4.7 MB) serve every output tile of the group.
+  int64_t tiles = 0;
 };
 
 // The work of a product of `flops` that must read `read_bytes` and write `write_bytes` at the
-// least: flops rounded up to whole stages, the remaining reads as extra, writes as whole stores.
+// least: flops rounded up to whole stages, writes to whole stores; the reads as one tile a stage
+// plus extra bytes, or, where they are fewer than a tile a stage (wgrad: 1.2 GB read, 7.5 GB
+// written), as the fewest whole tiles that cover them.
 JointWork joint_work_for(double flops, double read_bytes, double write_bytes);
 
 // True when the current device is an sm_90 GPU and this build carries the probe's sm_90a image.
@@ -66,6 +72,10 @@ MOE_JOINT_HD int64_t joint_store_at(int64_t stages, int64_t stores, int64_t s) {
   const int64_t before = s * stores / stages, after = (s + 1) * stores / stages;
   return after > before ? before : -1;
 }
+// The tile stage s copies: tiles spread evenly over the stages, in order.
+MOE_JOINT_HD int64_t joint_tile_of(int64_t stages, int64_t tiles, int64_t s) {
+  return tiles == 0 ? s : s * tiles / stages;
+}
 // CTA c of n runs stages [joint_first_stage(S, c, n), joint_first_stage(S, c + 1, n)).
 MOE_JOINT_HD int64_t joint_first_stage(int64_t stages, int64_t cta, int64_t ctas) {
   return stages * cta / ctas;
@@ -83,7 +93,7 @@ class JointProbe {
   double median_ms(JointMode mode, int warmup, int reps, Stream s = nullptr);
 
   const JointWork& work() const { return work_; }
-  // What the kernel reads ([stages * kJointStageBytes / 2], [extra / 2], [128 * 64] bf16) and
+  // What the kernel reads ([tiles * kJointStageBytes / 2], [extra / 2], [128 * 64] bf16) and
   // writes ([stores * kJointStoreBytes / 2] bf16); tests fill and read them.
   DeviceTensor& tiles() { return tiles_; }
   DeviceTensor& extra() { return extra_; }

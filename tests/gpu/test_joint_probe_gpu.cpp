@@ -59,20 +59,26 @@ void upload_into(gpu::DeviceTensor& dst, const Tensor& src) {
 
 }  // namespace
 
-TEST(JointProbeGpu, EveryStoreHoldsTheProductsOfItsStages) {
+// 42 stages over 4 CTAs (10 or 11 each), 13 stores, extra reads of 1013 16-byte units (uneven
+// per stage); a tile a stage, or 9 tiles in runs of 4-5 stages (wgrad's reuse; runs straddle
+// CTAs).
+class JointProbeWork : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(JointProbeWork, EveryStoreHoldsTheProductsOfItsStages) {
   MOE_SKIP_WITHOUT_JOINT_PROBE();
   constexpr int kCtas = 4;
-  // 42 stages over 4 CTAs (10 or 11 each), 13 stores, extra reads of 1013 16-byte units
-  // (uneven per stage).
-  const gpu::sm90::JointWork w{42, 16 * 1013, 13};
+  const gpu::sm90::JointWork w{42, 16 * 1013, 13, GetParam()};
   gpu::sm90::JointProbe probe(w);
   const int64_t tile_elems = gpu::sm90::kJointStageBytes / 2;
-  const Tensor tiles = small_ints(w.stages * tile_elems, 1), rows = small_ints(128 * 64, 2);
+  const int64_t n_tiles = w.tiles == 0 ? w.stages : w.tiles;
+  const Tensor tiles = small_ints(n_tiles * tile_elems, 1), rows = small_ints(128 * 64, 2);
   upload_into(probe.tiles(), tiles);
   upload_into(probe.rows(), rows);
   auto A = [&](int64_t r, int64_t k) { return rows.at(swizzled(r, k)); };
+  // Stage s's tile, element (k, n).
   auto B = [&](int64_t s, int64_t k, int64_t n) {
-    return tiles.at(s * tile_elems + swizzled(n, k));
+    const int64_t tile = gpu::sm90::joint_tile_of(w.stages, w.tiles, s);
+    return tiles.at(tile * tile_elems + swizzled(n, k));
   };
   Tensor poison(DType::bf16, {probe.out().numel()});
   for (int64_t i = 0; i < poison.numel(); ++i) poison.set(i, 12345.0);
@@ -120,6 +126,12 @@ TEST(JointProbeGpu, EveryStoreHoldsTheProductsOfItsStages) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(TilesPerStage, JointProbeWork, ::testing::Values(0, 9),
+                         [](const auto& info) {
+                           return info.param == 0 ? std::string("OneTileAStage")
+                                                  : "Tiles" + std::to_string(info.param);
+                         });
+
 TEST(JointProbeGpu, WorkForACaseCoversItsFlopsAndBytes) {
   // 1193 stages (39 MB of tiles), 6 MB of extra reads (about 5 KiB a stage), 16 stores.
   const double flops = 1e10, read = 4.5e7, write = 1e6;
@@ -131,14 +143,27 @@ TEST(JointProbeGpu, WorkForACaseCoversItsFlopsAndBytes) {
   EXPECT_LT(streamed, read + 16);
   EXPECT_GE(static_cast<double>(w.stores * gpu::sm90::kJointStoreBytes), write);
   EXPECT_LT(static_cast<double>((w.stores - 1) * gpu::sm90::kJointStoreBytes), write);
+  EXPECT_EQ(w.tiles, 0);
+  // Fewer reads than a tile a stage (wgrad's shape): the fewest tiles that cover them, no extra.
+  const gpu::sm90::JointWork v = gpu::sm90::joint_work_for(flops, 4.5e6, write);
+  EXPECT_EQ(v.stages, w.stages);
+  EXPECT_EQ(v.tiles, 138);  // ceil(4.5e6 / 32768)
+  EXPECT_EQ(v.extra, 0);
+  for (const int64_t s : {int64_t{0}, v.stages / 2, v.stages - 1}) {
+    const int64_t t = gpu::sm90::joint_tile_of(v.stages, v.tiles, s);
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, v.tiles);
+  }
+  EXPECT_EQ(gpu::sm90::joint_tile_of(v.stages, v.tiles, v.stages - 1), v.tiles - 1);
   EXPECT_THROW(gpu::sm90::joint_work_for(flops, 1e9, 0), std::invalid_argument);   // 800 KiB/stage
   EXPECT_THROW(gpu::sm90::joint_work_for(flops, 0, 1e12), std::invalid_argument);  // stores
   EXPECT_THROW(gpu::sm90::joint_work_for(-1, 0, 0), std::invalid_argument);
 }
 
-// The DeepSeek-like expert forward (and dgrad, whose bytes differ only in which operand is
-// written) of issue #20: 65536 rows x 7168 x 2048 in 256 groups. Prints each mode's median, the
-// roofline of the same run and the probe's joint time as a share of it. MOE_JOINT_PROBE_SECONDS=n
+// The DeepSeek-like expert products of issue #20, 65536 rows x 7168 x 2048 in 256 groups: the
+// forward, dgrad (whose bytes differ only in which operand is written) and wgrad. Prints each
+// mode's median, the roofline of the same run and the probe's joint time as a share of it, and
+// the time of a cudaMemset of the role's output (writes alone). MOE_JOINT_PROBE_SECONDS=n
 // also runs each mode back to back for n seconds, printing wall-clock times, so that a power and
 // clock log (nvidia-smi) can be lined up with them.
 TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
@@ -161,8 +186,11 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
     const char* name;
     double read, write;
   };
+  // wgrad: the operands are read once (each group's rows serve all its output tiles from L2) and
+  // the 7.5 GB of weight gradients written: 86% of its bytes are writes.
   const Role roles[] = {{"fwd", 2.0 * (R * K + G * K * N), 2.0 * R * N},
-                        {"dgrad", 2.0 * (R * N + G * K * N), 2.0 * R * K}};
+                        {"dgrad", 2.0 * (R * N + G * K * N), 2.0 * R * K},
+                        {"wgrad", 2.0 * (R * K + R * N), 2.0 * G * K * N}};
   std::printf("dense cuBLAS %.3f ms (%.0f TFLOP/s), copy %.0f GB/s\n", dense_ms,
               flops / dense_ms * 1e-9, copy_gbps);
   std::printf("%-6s %9s %9s %9s %9s %9s %9s %7s %7s\n", "role", "flop_ms", "byte_ms", "roof_ms",
@@ -177,6 +205,11 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
     const double strm = probe.median_ms(gpu::sm90::JointMode::stream, 3, 15);
     std::printf("%-6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %6.1f%% %7.3f\n", role.name, flop_ms,
                 byte_ms, roof, joint, mma, strm, 100 * roof / joint, roof / 0.88);
+    const double set_ms = gpu::gemm_detail::median_ms(
+        [&] { MOE_CUDA_CHECK(cudaMemsetAsync(probe.out().data(), 0, probe.out().nbytes())); }, 3,
+        15);
+    std::printf("       memset of its %.3f GB of stores: %.3f ms (%.0f GB/s)\n",
+                probe.out().nbytes() * 1e-9, set_ms, probe.out().nbytes() / set_ms * 1e-6);
     if (secs) {
       const double n = std::atof(secs);
       for (const auto mode :
