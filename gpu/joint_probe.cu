@@ -31,6 +31,7 @@ struct JParams {
   int64_t stages, extra16, stores, n_tiles;  // n_tiles: JointWork::tiles
   int extra_slot;  // shared-memory bytes per stage for the extra reads (multiple of 1024)
   int mode;        // JointMode
+  int store;       // JointStore
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -55,16 +56,49 @@ __device__ __forceinline__ void two_passes(float (&acc)[128], uint32_t sa, uint3
   wgmma_commit();
 }
 
+__device__ __forceinline__ uint32_t bf16_pair(const float (&acc)[128], int i) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // Store u: this warpgroup's 64 x 256 fragment as bf16, pair i of thread t at word
-// (u * 2 + cw) * 8192 + i * 128 + t: every warp's store is 128 contiguous bytes.
+// (u * 2 + cw) * 8192 + joint_out_word(store, i, t). bulk: staged (`stage`, 32 KiB) and copied by
+// the warpgroup's thread 0, whose earlier copy `pending` says is still to be waited for.
 __device__ __forceinline__ void store_fragment(uint32_t* out, int64_t u, int cw,
-                                               const float (&acc)[128]) {
+                                               const float (&acc)[128], JointStore store,
+                                               uint8_t* stage, bool& pending) {
   const int t = threadIdx.x % 128;
-  uint32_t* o = out + (u * 2 + cw) * 8192 + t;
+  uint32_t* o = out + (u * 2 + cw) * 8192;
+  if (store == JointStore::st32) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-    o[i * 128] = *reinterpret_cast<const uint32_t*>(&v);
+    for (int i = 0; i < 64; ++i) o[joint_out_word(JointStore::st32, i, t)] = bf16_pair(acc, i);
+  } else if (store == JointStore::st128) {
+#pragma unroll
+    for (int q = 0; q < 16; ++q)
+      *reinterpret_cast<uint4*>(o + joint_out_word(JointStore::st128, 4 * q, t)) =
+          make_uint4(bf16_pair(acc, 4 * q), bf16_pair(acc, 4 * q + 1), bf16_pair(acc, 4 * q + 2),
+                     bf16_pair(acc, 4 * q + 3));
+  } else {
+    // The previous copy has read the buffer before anyone overwrites it.
+    if (t == 0 && pending) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    const uint32_t base = smem_addr(stage);
+#pragma unroll
+    for (int i = 0; i < 64; ++i)
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(
+                       base + 4 * static_cast<uint32_t>(joint_out_word(store, i, t))),
+                   "r"(bf16_pair(acc, i))
+                   : "memory");
+    // Every thread's writes are visible to the async proxy before thread 0 starts the copy.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+    if (t == 0) {
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(o),
+                   "r"(base), "r"(static_cast<uint32_t>(kJointStoreBytes / 2))
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    pending = true;
   }
 }
 #endif
@@ -79,6 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
   uint64_t* full = reinterpret_cast<uint64_t*>(rows + kRowBytes);
   uint64_t* empty = full + kStages;
   uint64_t* rows_ready = empty + kStages;
+  const JointStore store = static_cast<JointStore>(p.store);
+  // bulk's staging, 32 KiB a consumer warpgroup, 1024-aligned past the barriers.
+  uint8_t* staging = rows + kRowBytes + 1024;
   const int64_t first = joint_first_stage(p.stages, blockIdx.x, gridDim.x);
   const int64_t last = joint_first_stage(p.stages, blockIdx.x + 1, gridDim.x);
   const JointMode mode = static_cast<JointMode>(p.mode);
@@ -121,6 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int cw = wg - 1;
+  uint8_t* stage_out = staging + cw * (kJointStoreBytes / 2);
+  bool pending = false;  // bulk: a copy from stage_out may still be reading it
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -134,10 +173,11 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
       wgmma_wait<1>();
       if (const int64_t u = joint_store_at(p.stages, p.stores, s); u >= 0) {
         wgmma_wait<0>();
-        store_fragment(p.out, u, cw, acc);
+        store_fragment(p.out, u, cw, acc, store, stage_out, pending);
       }
     }
     wgmma_wait<0>();
+    if (pending && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
     return;
   }
   int prev = -1;
@@ -153,11 +193,13 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
     prev = slot;
     if (const int64_t u = joint_store_at(p.stages, p.stores, s); u >= 0) {
       wgmma_wait<0>();
-      store_fragment(p.out, u, cw, acc);
+      store_fragment(p.out, u, cw, acc, store, stage_out, pending);
     }
   }
   wgmma_wait<0>();
-  // No arrive for the last slot: the producer has nothing left to load.
+  // No arrive for the last slot: the producer has nothing left to load. The copies are done
+  // before the CTA (and its shared memory) goes.
+  if (pending && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #endif
 }
 
@@ -225,7 +267,21 @@ JointProbe::JointProbe(const JointWork& w)
   gemm_detail::fill_hash_uniform(rows_, 13, -1.0, 1.0);
 }
 
-void JointProbe::launch(JointMode mode, Stream s, int ctas) {
+namespace {
+// Dynamic shared memory of a launch: the stages, the row tile, the barriers (in 1 KiB), bulk's
+// staging and 1 KiB for the alignment.
+int smem_bytes(const JointWork& w, JointStore store) {
+  return kStages * (static_cast<int>(kJointStageBytes) + extra_slot_bytes(w)) + kRowBytes + 1024 +
+         (store == JointStore::bulk ? 2 * static_cast<int>(kJointStoreBytes / 2) : 0) + 1024;
+}
+constexpr int kMaxSmem = 227 * 1024;
+}  // namespace
+
+bool JointProbe::bulk_fits() const {
+  return smem_bytes(work_, JointStore::bulk) <= kMaxSmem;
+}
+
+void JointProbe::launch(JointMode mode, Stream s, int ctas, JointStore store) {
   JParams p{};
   p.tiles = static_cast<const uint8_t*>(tiles_.data());
   p.extra = static_cast<const uint8_t*>(extra_.data());
@@ -237,8 +293,12 @@ void JointProbe::launch(JointMode mode, Stream s, int ctas) {
   p.n_tiles = work_.tiles;
   p.extra_slot = extra_slot_bytes(work_);
   p.mode = static_cast<int>(mode);
-  const int smem = kStages * (static_cast<int>(kJointStageBytes) + p.extra_slot) + kRowBytes +
-                   (2 * kStages + 1) * 8 + 1024;
+  p.store = static_cast<int>(store);
+  const int smem = smem_bytes(work_, store);
+  if (smem > kMaxSmem)
+    throw std::invalid_argument("JointProbe: store bulk needs " + std::to_string(smem) +
+                                " bytes of shared memory for this work (at most " +
+                                std::to_string(kMaxSmem) + ")");
   MOE_CUDA_CHECK(
       cudaFuncSetAttribute(joint_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int grid = ctas > 0 ? ctas : device_sms();
@@ -246,8 +306,8 @@ void JointProbe::launch(JointMode mode, Stream s, int ctas) {
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
-double JointProbe::median_ms(JointMode mode, int warmup, int reps, Stream s) {
-  return gemm_detail::median_ms([&] { launch(mode, s); }, warmup, reps, s);
+double JointProbe::median_ms(JointMode mode, int warmup, int reps, Stream s, JointStore store) {
+  return gemm_detail::median_ms([&] { launch(mode, s, 0, store); }, warmup, reps, s);
 }
 
 }  // namespace moe::gpu::sm90

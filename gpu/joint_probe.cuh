@@ -29,6 +29,16 @@ namespace moe::gpu::sm90 {
 
 enum class JointMode : uint8_t { joint, mma, stream };
 
+// How a consumer warpgroup writes its 64 x 256 bf16 fragment (32 KiB) at a store:
+//   st32:  4-byte stores from registers, a warp instruction one 128-byte line;
+//   st128: 16-byte stores from registers, a warp instruction four lines (512 bytes);
+//   bulk:  4-byte shared-memory stores into a 32 KiB staging buffer of the warpgroup, then one
+//          bulk copy (cp.async.bulk, the TMA engine) of the 32 KiB to global memory; the buffer is
+//          reused once that copy has read it. Needs 64 KiB of shared memory beside the stages.
+// Which store path lets one CTA per SM write at the DRAM's write bandwidth is what wgrad (7.5 GB
+// of stores for 1.2 GB of reads) turns on.
+enum class JointStore : uint8_t { st32, st128, bulk };
+
 constexpr int64_t kJointStageBytes = 32 * 1024;  // streamed per stage (the MMAs' B tile)
 constexpr double kJointStageFlops = 2.0 * 128 * 256 * 64 * 2;  // two passes of 128 x 256 x 64
 constexpr int64_t kJointStoreBytes = 64 * 1024;  // one store: two 64 x 256 bf16 fragments
@@ -76,6 +86,11 @@ MOE_JOINT_HD int64_t joint_store_at(int64_t stages, int64_t stores, int64_t s) {
 MOE_JOINT_HD int64_t joint_tile_of(int64_t stages, int64_t tiles, int64_t s) {
   return tiles == 0 ? s : s * tiles / stages;
 }
+// Word (4 bytes: a bf16 pair) of a store's 8192-word fragment that holds pair i (0..63, the
+// accumulator's elements 2i and 2i + 1) of consumer thread t (0..127).
+MOE_JOINT_HD int64_t joint_out_word(JointStore store, int64_t i, int64_t t) {
+  return store == JointStore::st128 ? (i / 4) * 512 + t * 4 + i % 4 : i * 128 + t;
+}
 // CTA c of n runs stages [joint_first_stage(S, c, n), joint_first_stage(S, c + 1, n)).
 MOE_JOINT_HD int64_t joint_first_stage(int64_t stages, int64_t cta, int64_t ctas) {
   return stages * cta / ctas;
@@ -87,10 +102,14 @@ class JointProbe {
  public:
   explicit JointProbe(const JointWork& w);
 
-  // One launch; `ctas` 0 means one per SM.
-  void launch(JointMode mode, Stream s = nullptr, int ctas = 0);
+  // One launch; `ctas` 0 means one per SM. Throws std::invalid_argument where `bulk`'s staging
+  // does not fit beside the stages (bulk_fits).
+  void launch(JointMode mode, Stream s = nullptr, int ctas = 0,
+              JointStore store = JointStore::st32);
   // Median milliseconds of `reps` launches after `warmup`.
-  double median_ms(JointMode mode, int warmup, int reps, Stream s = nullptr);
+  double median_ms(JointMode mode, int warmup, int reps, Stream s = nullptr,
+                   JointStore store = JointStore::st32);
+  bool bulk_fits() const;
 
   const JointWork& work() const { return work_; }
   // What the kernel reads ([tiles * kJointStageBytes / 2], [extra / 2], [128 * 64] bf16) and

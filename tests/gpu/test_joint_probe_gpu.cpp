@@ -83,47 +83,52 @@ TEST_P(JointProbeWork, EveryStoreHoldsTheProductsOfItsStages) {
   Tensor poison(DType::bf16, {probe.out().numel()});
   for (int64_t i = 0; i < poison.numel(); ++i) poison.set(i, 12345.0);
 
-  for (const auto mode :
-       {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma, gpu::sm90::JointMode::stream}) {
-    upload_into(probe.out(), poison);
-    probe.launch(mode, nullptr, kCtas);
-    const Tensor out = probe.out().download();
-    std::vector<std::string> bad;
-    for (int64_t s = 0; s < w.stages; ++s) {
-      const int64_t u = gpu::sm90::joint_store_at(w.stages, w.stores, s);
-      if (u < 0) continue;
-      int cta = 0;
-      while (gpu::sm90::joint_first_stage(w.stages, cta + 1, kCtas) <= s) ++cta;
-      const int64_t first = gpu::sm90::joint_first_stage(w.stages, cta, kCtas);
-      // Column sums of the B tiles this store covers (mode mma: the first tile, every stage).
-      std::vector<double> bsum(64 * 256, 0.0);
-      for (int64_t t = first; t <= s; ++t)
-        for (int64_t k = 0; k < 64; ++k)
-          for (int64_t n = 0; n < 256; ++n)
-            bsum[k * 256 + n] += mode == gpu::sm90::JointMode::mma ? B(first, k, n) : B(t, k, n);
-      for (int cw = 0; cw < 2; ++cw) {
-        for (int64_t word = 0; word < 8192; ++word) {
-          const int64_t i = word / 128, t = word % 128, warp = t / 32, lane = t % 32;
-          const int64_t j = i / 2, h = i % 2;
-          const int64_t r = 64 * cw + 16 * warp + lane / 4 + 8 * h;
-          for (int e = 0; e < 2; ++e) {
-            const int64_t n = 8 * j + 2 * (lane % 4) + e;
-            double want = 0;
-            if (mode != gpu::sm90::JointMode::stream)
-              for (int64_t k = 0; k < 64; ++k) want += 2.0 * A(r, k) * bsum[k * 256 + n];
-            want = round_to(DType::bf16, want);
-            const double got = out.at(2 * ((u * 2 + cw) * 8192 + word) + e);
-            if (got != want && bad.size() < 8)
-              bad.push_back("store " + std::to_string(u) + " row " + std::to_string(r) + " col " +
-                            std::to_string(n) + ": " + std::to_string(got) + ", want " +
-                            std::to_string(want));
+  using gpu::sm90::JointStore;
+  ASSERT_TRUE(probe.bulk_fits());
+  for (const auto store : {JointStore::st32, JointStore::st128, JointStore::bulk})
+    for (const auto mode :
+         {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma, gpu::sm90::JointMode::stream}) {
+      upload_into(probe.out(), poison);
+      probe.launch(mode, nullptr, kCtas, store);
+      const Tensor out = probe.out().download();
+      std::vector<std::string> bad;
+      for (int64_t s = 0; s < w.stages; ++s) {
+        const int64_t u = gpu::sm90::joint_store_at(w.stages, w.stores, s);
+        if (u < 0) continue;
+        int cta = 0;
+        while (gpu::sm90::joint_first_stage(w.stages, cta + 1, kCtas) <= s) ++cta;
+        const int64_t first = gpu::sm90::joint_first_stage(w.stages, cta, kCtas);
+        // Column sums of the B tiles this store covers (mode mma: the first tile, every stage).
+        std::vector<double> bsum(64 * 256, 0.0);
+        for (int64_t t = first; t <= s; ++t)
+          for (int64_t k = 0; k < 64; ++k)
+            for (int64_t n = 0; n < 256; ++n)
+              bsum[k * 256 + n] += mode == gpu::sm90::JointMode::mma ? B(first, k, n) : B(t, k, n);
+        for (int cw = 0; cw < 2; ++cw) {
+          for (int64_t pair = 0; pair < 8192; ++pair) {
+            const int64_t i = pair / 128, t = pair % 128, warp = t / 32, lane = t % 32;
+            const int64_t word = gpu::sm90::joint_out_word(store, i, t);
+            const int64_t j = i / 2, h = i % 2;
+            const int64_t r = 64 * cw + 16 * warp + lane / 4 + 8 * h;
+            for (int e = 0; e < 2; ++e) {
+              const int64_t n = 8 * j + 2 * (lane % 4) + e;
+              double want = 0;
+              if (mode != gpu::sm90::JointMode::stream)
+                for (int64_t k = 0; k < 64; ++k) want += 2.0 * A(r, k) * bsum[k * 256 + n];
+              want = round_to(DType::bf16, want);
+              const double got = out.at(2 * ((u * 2 + cw) * 8192 + word) + e);
+              if (got != want && bad.size() < 8)
+                bad.push_back("store " + std::to_string(u) + " row " + std::to_string(r) + " col " +
+                              std::to_string(n) + ": " + std::to_string(got) + ", want " +
+                              std::to_string(want));
+            }
           }
         }
       }
+      EXPECT_TRUE(bad.empty()) << "store " << static_cast<int>(store) << " mode "
+                               << static_cast<int>(mode) << ": " << bad.size()
+                               << "+ wrong, first: " << (bad.empty() ? "" : bad.front());
     }
-    EXPECT_TRUE(bad.empty()) << "mode " << static_cast<int>(mode) << ": " << bad.size()
-                             << "+ wrong, first: " << (bad.empty() ? "" : bad.front());
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TilesPerStage, JointProbeWork, ::testing::Values(0, 9),
@@ -205,6 +210,20 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
     const double strm = probe.median_ms(gpu::sm90::JointMode::stream, 3, 15);
     std::printf("%-6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %6.1f%% %7.3f\n", role.name, flop_ms,
                 byte_ms, roof, joint, mma, strm, 100 * roof / joint, roof / 0.88);
+    // The other store paths (the row above: st32).
+    for (const auto store : {gpu::sm90::JointStore::st128, gpu::sm90::JointStore::bulk}) {
+      const char* name = store == gpu::sm90::JointStore::bulk ? "bulk" : "st128";
+      if (store == gpu::sm90::JointStore::bulk && !probe.bulk_fits()) {
+        std::printf("       store %-5s: its staging does not fit beside this work's stages\n",
+                    name);
+        continue;
+      }
+      const double j = probe.median_ms(gpu::sm90::JointMode::joint, 3, 15, nullptr, store);
+      const double m = probe.median_ms(gpu::sm90::JointMode::mma, 3, 15, nullptr, store);
+      const double t = probe.median_ms(gpu::sm90::JointMode::stream, 3, 15, nullptr, store);
+      std::printf("       store %-5s: joint %.3f ms (%.1f%% of roof), mma %.3f, stream %.3f\n",
+                  name, j, 100 * roof / j, m, t);
+    }
     const double set_ms = gpu::gemm_detail::median_ms(
         [&] { MOE_CUDA_CHECK(cudaMemsetAsync(probe.out().data(), 0, probe.out().nbytes())); }, 3,
         15);
