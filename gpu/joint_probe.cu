@@ -133,12 +133,18 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x != 0) return;
     const uint64_t pol = evict_first_policy();
+    // Tiles that several stages copy are read again from L2 within microseconds: evict_normal,
+    // not evict_first, lest 7.5 GB of stores push them out first (wgrad).
+    uint64_t tile_pol = pol;
+    if (p.n_tiles != 0)
+      asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(tile_pol));
     mbar_arrive_expect_tx(rows_ready, kRowBytes);
     for (int c = 0; c < kRowBytes; c += kPiece)
       copy_g2s(rows + c, p.rows + c, kPiece, rows_ready, pol);
-    // mode mma: one tile into slot 0, multiplied by every stage.
-    const int64_t loads =
-        mode == JointMode::mma ? std::min<int64_t>(1, last - first) : last - first;
+    // mode mma: one tile into slot 0, multiplied by every stage; mode store: none.
+    const int64_t loads = mode == JointMode::store ? 0
+                          : mode == JointMode::mma ? std::min<int64_t>(1, last - first)
+                                                   : last - first;
     for (int64_t i = 0; i < loads; ++i) {
       const int64_t s = first + i;
       const int slot = static_cast<int>(i % kStages);
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
       mbar_arrive_expect_tx(&full[slot], static_cast<uint32_t>(kJointStageBytes + elen));
       const uint8_t* src = p.tiles + joint_tile_of(p.stages, p.n_tiles, s) * kJointStageBytes;
       for (int c = 0; c < kJointStageBytes; c += kPiece)
-        copy_g2s(dst + c, src + c, kPiece, &full[slot], pol);
+        copy_g2s(dst + c, src + c, kPiece, &full[slot], tile_pol);
       for (int64_t c = 0; c < elen; c += kPiece)
         copy_g2s(dst + kJointStageBytes + c, p.extra + eoff + c,
                  static_cast<uint32_t>(std::min<int64_t>(kPiece, elen - c)), &full[slot], pol);
@@ -165,6 +171,13 @@ __global__ void __launch_bounds__(kThreads, 1) joint_kernel(const JParams p) {
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
   mbar_wait(rows_ready, 0);
   const uint32_t sa = smem_addr(rows) + cw * (64 * 128);
+  if (mode == JointMode::store) {
+    for (int64_t s = first; s < last; ++s)
+      if (const int64_t u = joint_store_at(p.stages, p.stores, s); u >= 0)
+        store_fragment(p.out, u, cw, acc, store, stage_out, pending);
+    if (pending && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    return;
+  }
   if (mode == JointMode::mma) {
     if (last > first) mbar_wait(&full[0], 0);
     const uint32_t sb = smem_addr(smem);

@@ -27,7 +27,8 @@
 
 namespace moe::gpu::sm90 {
 
-enum class JointMode : uint8_t { joint, mma, stream };
+// store: the stores alone (no loads, no products): what one CTA per SM writes on each store path.
+enum class JointMode : uint8_t { joint, mma, stream, store };
 
 // How a consumer warpgroup writes its 64 x 256 bf16 fragment (32 KiB) at a store:
 //   st32:  4-byte stores from registers, a warp instruction one 128-byte line;

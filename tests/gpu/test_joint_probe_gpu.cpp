@@ -2,7 +2,8 @@
 //   - JointProbeGpu: the probe kernel does the work it claims. Small integers in its tiles and row
 //     tile make every fp32 sum exact, so each store must equal, bit for bit, twice the product
 //     of the CTA's row tile with the sum of the tiles it streamed up to that store (mode joint),
-//     with its first tile times the stages (mode mma), or zero (mode stream);
+//     with its first tile times the stages (mode mma), or zero (modes stream and store), on
+//     each store path;
 //   - JointProbeBench (MOE_JOINT_PROBE=1): a GEMM-like case's FLOPs and fewest bytes in one kernel,
 //     against the dense cuBLAS rate and the copy bandwidth of the same run (docs/perf.md).
 #include <gtest/gtest.h>
@@ -86,8 +87,8 @@ TEST_P(JointProbeWork, EveryStoreHoldsTheProductsOfItsStages) {
   using gpu::sm90::JointStore;
   ASSERT_TRUE(probe.bulk_fits());
   for (const auto store : {JointStore::st32, JointStore::st128, JointStore::bulk})
-    for (const auto mode :
-         {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma, gpu::sm90::JointMode::stream}) {
+    for (const auto mode : {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma,
+                            gpu::sm90::JointMode::stream, gpu::sm90::JointMode::store}) {
       upload_into(probe.out(), poison);
       probe.launch(mode, nullptr, kCtas, store);
       const Tensor out = probe.out().download();
@@ -113,7 +114,7 @@ TEST_P(JointProbeWork, EveryStoreHoldsTheProductsOfItsStages) {
             for (int e = 0; e < 2; ++e) {
               const int64_t n = 8 * j + 2 * (lane % 4) + e;
               double want = 0;
-              if (mode != gpu::sm90::JointMode::stream)
+              if (mode == gpu::sm90::JointMode::joint || mode == gpu::sm90::JointMode::mma)
                 for (int64_t k = 0; k < 64; ++k) want += 2.0 * A(r, k) * bsum[k * 256 + n];
               want = round_to(DType::bf16, want);
               const double got = out.at(2 * ((u * 2 + cw) * 8192 + word) + e);
@@ -198,31 +199,32 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
                         {"wgrad", 2.0 * (R * K + R * N), 2.0 * G * K * N}};
   std::printf("dense cuBLAS %.3f ms (%.0f TFLOP/s), copy %.0f GB/s\n", dense_ms,
               flops / dense_ms * 1e-9, copy_gbps);
-  std::printf("%-6s %9s %9s %9s %9s %9s %9s %7s %7s\n", "role", "flop_ms", "byte_ms", "roof_ms",
-              "joint_ms", "mma_ms", "strm_ms", "%roof", "88%roof");
+  using gpu::sm90::JointMode;
+  using gpu::sm90::JointStore;
+  std::printf("%-6s %9s %9s %9s %-6s %9s %9s %9s %9s %7s %7s\n", "role", "flop_ms", "byte_ms",
+              "roof_ms", "store", "joint_ms", "mma_ms", "strm_ms", "store_ms", "%roof", "88%roof");
   const char* secs = std::getenv("MOE_JOINT_PROBE_SECONDS");
+  const char* only = std::getenv("MOE_JOINT_PROBE_ROLE");  // one role's rows (and sustained runs)
   for (const Role& role : roles) {
+    if (only && std::string(only) != role.name) continue;
     gpu::sm90::JointProbe probe(gpu::sm90::joint_work_for(flops, role.read, role.write));
     const double flop_ms = dense_ms, byte_ms = (role.read + role.write) / copy_gbps * 1e-6;
     const double roof = std::max(flop_ms, byte_ms);
-    const double joint = probe.median_ms(gpu::sm90::JointMode::joint, 3, 15);
-    const double mma = probe.median_ms(gpu::sm90::JointMode::mma, 3, 15);
-    const double strm = probe.median_ms(gpu::sm90::JointMode::stream, 3, 15);
-    std::printf("%-6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %6.1f%% %7.3f\n", role.name, flop_ms,
-                byte_ms, roof, joint, mma, strm, 100 * roof / joint, roof / 0.88);
-    // The other store paths (the row above: st32).
-    for (const auto store : {gpu::sm90::JointStore::st128, gpu::sm90::JointStore::bulk}) {
-      const char* name = store == gpu::sm90::JointStore::bulk ? "bulk" : "st128";
-      if (store == gpu::sm90::JointStore::bulk && !probe.bulk_fits()) {
-        std::printf("       store %-5s: its staging does not fit beside this work's stages\n",
-                    name);
+    for (const auto store : {JointStore::st32, JointStore::st128, JointStore::bulk}) {
+      const char* name = store == JointStore::bulk    ? "bulk"
+                         : store == JointStore::st128 ? "st128"
+                                                      : "st32";
+      if (store == JointStore::bulk && !probe.bulk_fits()) {
+        std::printf("%-6s %9s %9s %9s %-6s (its staging does not fit beside the stages)\n", "", "",
+                    "", "", name);
         continue;
       }
-      const double j = probe.median_ms(gpu::sm90::JointMode::joint, 3, 15, nullptr, store);
-      const double m = probe.median_ms(gpu::sm90::JointMode::mma, 3, 15, nullptr, store);
-      const double t = probe.median_ms(gpu::sm90::JointMode::stream, 3, 15, nullptr, store);
-      std::printf("       store %-5s: joint %.3f ms (%.1f%% of roof), mma %.3f, stream %.3f\n",
-                  name, j, 100 * roof / j, m, t);
+      double ms[4];
+      for (int m = 0; m < 4; ++m)
+        ms[m] = probe.median_ms(static_cast<JointMode>(m), 3, 15, nullptr, store);
+      std::printf("%-6s %9.3f %9.3f %9.3f %-6s %9.3f %9.3f %9.3f %9.3f %6.1f%% %7.3f\n", role.name,
+                  flop_ms, byte_ms, roof, name, ms[0], ms[1], ms[2], ms[3], 100 * roof / ms[0],
+                  roof / 0.88);
     }
     const double set_ms = gpu::gemm_detail::median_ms(
         [&] { MOE_CUDA_CHECK(cudaMemsetAsync(probe.out().data(), 0, probe.out().nbytes())); }, 3,
@@ -230,21 +232,32 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
     std::printf("       memset of its %.3f GB of stores: %.3f ms (%.0f GB/s)\n",
                 probe.out().nbytes() * 1e-9, set_ms, probe.out().nbytes() / set_ms * 1e-6);
     if (secs) {
+      // MOE_JOINT_PROBE_STORE=st128|bulk: the store path of the sustained runs (default st32).
+      const char* path = std::getenv("MOE_JOINT_PROBE_STORE");
+      JointStore sustained = JointStore::st32;
+      if (path && std::string(path) == "bulk") {
+        sustained = JointStore::bulk;
+      } else if (path && std::string(path) == "st128") {
+        sustained = JointStore::st128;
+      } else if (path && std::string(path) != "st32") {
+        FAIL() << "MOE_JOINT_PROBE_STORE=" << path << ": expected st32, st128 or bulk";
+      }
       const double n = std::atof(secs);
-      for (const auto mode :
-           {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma, gpu::sm90::JointMode::stream}) {
+      for (const auto mode : {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma,
+                              gpu::sm90::JointMode::stream, gpu::sm90::JointMode::store}) {
         const auto t0 = std::chrono::system_clock::now();
         int launches = 0;
         while (std::chrono::duration<double>(std::chrono::system_clock::now() - t0).count() < n) {
-          for (int i = 0; i < 20; ++i, ++launches) probe.launch(mode);
+          for (int i = 0; i < 20; ++i, ++launches) probe.launch(mode, nullptr, 0, sustained);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         }
         const auto ms = [](auto t) {
           return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch())
               .count();
         };
-        std::printf("sustained %s mode %d: %lld..%lld ms since epoch, %d launches\n", role.name,
-                    static_cast<int>(mode), static_cast<long long>(ms(t0)),
+        std::printf("sustained %s mode %d store %d: %lld..%lld ms since epoch, %d launches\n",
+                    role.name, static_cast<int>(mode), static_cast<int>(sustained),
+                    static_cast<long long>(ms(t0)),
                     static_cast<long long>(ms(std::chrono::system_clock::now())), launches);
       }
     }
