@@ -11,14 +11,17 @@
 //   - `stages` weight-like stages: 32 KiB of bf16 (one 256 x 64 K-major, 128-byte-swizzled tile)
 //     bulk-copied from DRAM into a 4-stage shared-memory ring, each used by two passes of
 //     wgmma m64n256k16 (both consumer warpgroups, a resident 128 x 64 row tile): 256 FLOP per
-//     streamed byte, the expert weight's reuse at ~256 rows per expert;
+//     streamed byte, the expert weight's reuse at ~256 rows per expert. Where a product reads
+//     less than a tile a stage (wgrad), runs of stages copy one tile: from DRAM once, then L2;
 //   - `extra` bytes more read from DRAM (the row operand's one read), spread over the stages;
-//   - `stores` of each CTA's two accumulators as bf16 (64 KiB each), spread over the stages.
+//   - `stores` of each CTA's two accumulators as bf16 (64 KiB each), spread over the stages, on
+//     one of three store paths (JointStore).
 // One persistent CTA per SM, every CTA a contiguous share of the stages. There is no L2 reuse to
 // arrange, no group boundary, no schedule and no epilogue dependence: a real kernel of the same
 // FLOPs and bytes does at least this work. mode `mma` leaves out the copies (the tile stays
-// resident), mode `stream` the products: each alone, to show the probe reaches the dense and copy
-// rates (else it bounds nothing).
+// resident), mode `stream` the products, mode `store` both: each part alone, to show the probe
+// reaches the dense, copy and memset rates (else it bounds nothing). It is a yardstick, not a
+// bound: a slow probe proves nothing about other kernels, a fast one that the work fits.
 #pragma once
 
 #include <cstdint>
