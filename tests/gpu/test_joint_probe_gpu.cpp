@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -205,6 +206,20 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
               "roof_ms", "store", "joint_ms", "mma_ms", "strm_ms", "store_ms", "%roof", "88%roof");
   const char* secs = std::getenv("MOE_JOINT_PROBE_SECONDS");
   const char* only = std::getenv("MOE_JOINT_PROBE_ROLE");  // one role's rows (and sustained runs)
+  if (only && std::none_of(std::begin(roles), std::end(roles),
+                           [&](const Role& r) { return std::string(only) == r.name; }))
+    FAIL() << "MOE_JOINT_PROBE_ROLE=" << only << ": expected fwd, dgrad or wgrad";
+  // MOE_JOINT_PROBE_STORE=st128|bulk: the store path of the sustained runs (default st32).
+  JointStore sustained = JointStore::st32;
+  if (const char* path = std::getenv("MOE_JOINT_PROBE_STORE")) {
+    if (std::string(path) == "bulk") {
+      sustained = JointStore::bulk;
+    } else if (std::string(path) == "st128") {
+      sustained = JointStore::st128;
+    } else if (std::string(path) != "st32") {
+      FAIL() << "MOE_JOINT_PROBE_STORE=" << path << ": expected st32, st128 or bulk";
+    }
+  }
   for (const Role& role : roles) {
     if (only && std::string(only) != role.name) continue;
     gpu::sm90::JointProbe probe(gpu::sm90::joint_work_for(flops, role.read, role.write));
@@ -232,16 +247,6 @@ TEST(JointProbeBench, DeepSeekExpertProductsAtOnce) {
     std::printf("       memset of its %.3f GB of stores: %.3f ms (%.0f GB/s)\n",
                 probe.out().nbytes() * 1e-9, set_ms, probe.out().nbytes() / set_ms * 1e-6);
     if (secs) {
-      // MOE_JOINT_PROBE_STORE=st128|bulk: the store path of the sustained runs (default st32).
-      const char* path = std::getenv("MOE_JOINT_PROBE_STORE");
-      JointStore sustained = JointStore::st32;
-      if (path && std::string(path) == "bulk") {
-        sustained = JointStore::bulk;
-      } else if (path && std::string(path) == "st128") {
-        sustained = JointStore::st128;
-      } else if (path && std::string(path) != "st32") {
-        FAIL() << "MOE_JOINT_PROBE_STORE=" << path << ": expected st32, st128 or bulk";
-      }
       const double n = std::atof(secs);
       for (const auto mode : {gpu::sm90::JointMode::joint, gpu::sm90::JointMode::mma,
                               gpu::sm90::JointMode::stream, gpu::sm90::JointMode::store}) {
