@@ -1205,24 +1205,27 @@ bool auto_mixes_for_sm90(const GroupPlan& plan) {
   return dense && streaming > 0 && 2 * streaming * kAutoRidgeRows >= other_rows;
 }
 
+namespace {
+// automatic's two rules for one role, without the availability of the kernel.
+bool auto_takes_sm90(const GroupPlan& plan, int64_t max_rows) {
+  return auto_prefers_sm90(plan, max_rows) || auto_mixes_for_sm90(plan);
+}
+}  // namespace
+
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
                            bool wgrad_tma_epilogue) {
   if (impl != GemmImpl::automatic) return impl;
   if (!sm90::available()) return GemmImpl::chunked;
   if (role == GemmRole::wgrad)
-    return wgrad_tma_epilogue &&
-                   (auto_prefers_sm90(plan, kAutoWgradRows) || auto_mixes_for_sm90(plan))
-               ? GemmImpl::sm90
-               : GemmImpl::chunked;
-  return auto_prefers_sm90(plan, kAutoSm90Rows) || auto_mixes_for_sm90(plan) ? GemmImpl::sm90
-                                                                             : GemmImpl::chunked;
+    return wgrad_tma_epilogue && auto_takes_sm90(plan, kAutoWgradRows) ? GemmImpl::sm90
+                                                                       : GemmImpl::chunked;
+  return auto_takes_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
 GemmImpl resolve_pair_impl(GemmImpl impl, const GroupPlan& plan) {
   if (impl != GemmImpl::automatic) return impl;
-  return sm90::available() && (auto_prefers_sm90(plan, kAutoPairRows) || auto_mixes_for_sm90(plan))
-             ? GemmImpl::sm90
-             : GemmImpl::chunked;
+  return sm90::available() && auto_takes_sm90(plan, kAutoPairRows) ? GemmImpl::sm90
+                                                                   : GemmImpl::chunked;
 }
 
 bool sm90_wgrad_from_env() {
