@@ -250,8 +250,7 @@ JointWork joint_work_for(double flops, double read_bytes, double write_bytes) {
   w.stages = static_cast<int64_t>(std::ceil(flops / kJointStageFlops));
   const int64_t cover = static_cast<int64_t>(std::ceil(read_bytes / kJointStageBytes));
   if (cover < w.stages) w.tiles = std::max<int64_t>(cover, 1);
-  const int64_t streamed = w.tiles == 0 ? w.stages : w.tiles;
-  const double left = read_bytes - static_cast<double>(streamed) * kJointStageBytes;
+  const double left = read_bytes - static_cast<double>(joint_streamed_tiles(w)) * kJointStageBytes;
   w.extra = left > 0 ? static_cast<int64_t>(std::ceil(left / 16)) * 16 : 0;
   w.stores = static_cast<int64_t>(std::ceil(write_bytes / kJointStoreBytes));
   return validated(w);
@@ -269,7 +268,7 @@ bool joint_probe_available() {
 
 JointProbe::JointProbe(const JointWork& w)
     : work_(validated(w)),
-      tiles_(DType::bf16, {(w.tiles == 0 ? w.stages : w.tiles) * kJointStageBytes / 2}),
+      tiles_(DType::bf16, {joint_streamed_tiles(w) * kJointStageBytes / 2}),
       extra_(DType::bf16, {w.extra / 2}),
       rows_(DType::bf16, {kRowBytes / 2}),
       out_(DType::bf16, {w.stores * kJointStoreBytes / 2}) {

@@ -57,6 +57,11 @@ struct JointWork {
   int64_t tiles = 0;
 };
 
+// The tiles a work streams (JointWork::tiles, 0 meaning one a stage).
+inline int64_t joint_streamed_tiles(const JointWork& w) {
+  return w.tiles == 0 ? w.stages : w.tiles;
+}
+
 // The work of a product of `flops` that must read `read_bytes` and write `write_bytes` at the
 // least: flops rounded up to whole stages, writes to whole stores; the reads as one tile a stage
 // plus extra bytes, or, where they are fewer than a tile a stage (wgrad: 1.2 GB read, 7.5 GB

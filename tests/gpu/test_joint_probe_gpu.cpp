@@ -72,7 +72,7 @@ TEST_P(JointProbeWork, EveryStoreHoldsTheProductsOfItsStages) {
   const gpu::sm90::JointWork w{42, 16 * 1013, 13, GetParam()};
   gpu::sm90::JointProbe probe(w);
   const int64_t tile_elems = gpu::sm90::kJointStageBytes / 2;
-  const int64_t n_tiles = w.tiles == 0 ? w.stages : w.tiles;
+  const int64_t n_tiles = gpu::sm90::joint_streamed_tiles(w);
   const Tensor tiles = small_ints(n_tiles * tile_elems, 1), rows = small_ints(128 * 64, 2);
   upload_into(probe.tiles(), tiles);
   upload_into(probe.rows(), rows);
