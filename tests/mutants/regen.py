@@ -368,8 +368,8 @@ M = [
      "swiglu_expert_ffn backward on the sm90 two-pair product: the tail rows of grad x are left "
      "as they were (poison) instead of zeroed"),
     ("077", "auto_pair_bound", "edge-size", "gpu/grouped_gemm.cu", 1,
-     "auto_prefers_sm90(plan, kAutoPairRows)",
-     "auto_prefers_sm90(plan, kAutoSm90Rows)",
+     "auto_takes_sm90(plan, kAutoPairRows)",
+     "auto_takes_sm90(plan, kAutoSm90Rows)",
      "GemmImpl::automatic: a two-product sum (the FFN's grad x) takes the single products' 320-row "
      "bound instead of 2048 (a performance rule; caught by the host test of resolve_pair_impl)"),
     ("078", "gate_grads_split_last_term_dropped", "rounding", "gpu/moe_block.cu", 1,
