@@ -35,8 +35,8 @@ constexpr int kTailBytes = 64 * kBK * 2;
 constexpr int stage_bytes_rows(bool fold) {
   return kStageBytes + (fold ? kTailBytes : 0);
 }
-constexpr int kThreads = 384;  // warpgroup 0: producer; 1 and 2: consumers
-constexpr int kCluster = 2;    // CTAs per cluster: adjacent row tiles sharing one weight tile
+constexpr int kThreads = 384;           // warpgroup 0: producer; 1 and 2: consumers
+constexpr int kCluster = kClusterSize;  // adjacent row tiles sharing one weight tile
 // Dynamic schedule: a ring of kSched table entries handed from rank 0's producer to every reader
 // of the cluster. Two slots let the producer publish the entry after the current one while the
 // readers still take the one before. Readers: lane 0 of every consumer warp of both CTAs (it
@@ -1178,7 +1178,8 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
     }
   }
   static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmem);
-  const int grid = kCluster * std::min(p.tiles, max_clusters);
+  const int grid =
+      kCluster * std::min({p.tiles, max_clusters, p.max_clusters > 0 ? p.max_clusters : INT_MAX});
   kernel<<<grid, kThreads, kSmem, s>>>(m, kp);
   MOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -109,6 +109,9 @@ struct RowGroupedProduct {
   // The forward / dgrad epilogue of 16-bit c without bias or accumulation in 16-byte pieces
   // (wide_store_setting).
   bool wide_store = false;
+  // At most this many clusters (0: as many as fit): leaves the other SMs to work on other streams
+  // (GemmImpl::split).
+  int max_clusters = 0;
 };
 
 // MOE_SM90_BAND, the walk of a group far larger than L2 (gpu/grouped_gemm_sm90.cu, decode):
@@ -179,6 +182,9 @@ bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc);
 // table entry) is bound by streaming its weight from DRAM; one of more than kDenseRows rows by the
 // tensor cores (each weight tile serves 4+ entries from L2).
 constexpr int64_t kStreamRows = 256, kDenseRows = 1024;
+// CTAs per cluster (two adjacent row tiles sharing one multicast weight tile): each cluster holds
+// kClusterSize SMs (RowGroupedProduct::max_clusters).
+constexpr int kClusterSize = 2;
 // The draw order of a table (RowGroupedProduct::order) whose groups g own the entries
 // [tile_start[g], tile_start[g + 1]): the streaming groups' entries (sizes[g] <= kStreamRows)
 // merged evenly with the other groups', each kind in table order, so that some clusters stream
