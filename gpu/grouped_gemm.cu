@@ -58,6 +58,11 @@ struct AuxStreams {
   Stream streams[kMaxAuxStreams] = {};
   cudaEvent_t fork = nullptr, join[kMaxAuxStreams] = {};
   int created = 0;
+  // GemmImpl::split's sm90 half (created on first use): of the greatest priority, so that the
+  // kernel's clusters take SMs as soon as cuBLAS's CTAs retire; at the default priority the split
+  // forward ran 26% slower (one call, docs/perf.md, session 22).
+  Stream split = nullptr;
+  cudaEvent_t split_join = nullptr;
 };
 
 // Pinned host staging and its device copy, reused once the event of its last upload has passed.
@@ -263,6 +268,8 @@ void StateRegistry::release_all() noexcept {
         cudaEventDestroy(a.join[i]);
       }
       if (a.fork) cudaEventDestroy(a.fork);
+      if (a.split) cudaStreamDestroy(a.split);
+      if (a.split_join) cudaEventDestroy(a.split_join);
     }
     t->aux.clear();
     for (auto& [dev, u] : t->uploads) {
@@ -379,9 +386,12 @@ void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const vo
   }
 }
 
-void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc,
-             float beta) {
+// sm_target: the SM count cuBLAS's heuristics plan for (0: the device's); set on every call, as the
+// handles of the forked streams are shared by every caller.
+void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc, float beta,
+             int sm_target = 0) {
   const float alpha = 1.0f;
+  MOE_CUBLAS_CHECK(cublasSetSmCountTarget(h, sm_target));
   MOE_CUBLAS_CHECK(cublasGemmEx(h, p.ta, p.tb, p.m, p.n, p.k, &alpha, p.a, tab, p.lda, p.b, tab,
                                 p.ldb, &beta, p.c, tc, p.ldc, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
@@ -395,12 +405,16 @@ void run_loop(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t
 
 // Round-robin over `count` forked streams.
 void run_streams(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
-                 Stream s, int count) {
-  if (ps.size() <= 1 || count <= 1) return run_loop(ps, tab, tc, beta, s);
+                 Stream s, int count, int sm_target = 0) {
+  if (ps.size() <= 1 || count <= 1) {
+    cublasHandle_t h = blas_for(s);
+    for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta, sm_target);
+    return;
+  }
   Fork f(count, static_cast<int>(std::min<size_t>(ps.size(), count)), s);
   for (size_t j = 0; j < ps.size(); ++j) {
     const Stream st = f[static_cast<int>(j % count)];
-    gemm_ex(blas_for(st), ps[j], tab, tc, beta);
+    gemm_ex(blas_for(st), ps[j], tab, tc, beta, sm_target);
   }
   f.join();
 }
@@ -699,7 +713,7 @@ void copy_rows(const RowCopy* d_recs, int64_t count, int64_t chunk, int64_t row_
 void run_chunked(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* a,
                  const std::vector<std::pair<const void*, void*>>& bc, cudaDataType_t tab,
                  size_t es_c, cudaDataType_t tc, int64_t K, int64_t N, bool accumulate,
-                 int64_t chunk, Stream s) {
+                 int64_t chunk, Stream s, int sm_target = 0) {
   const bool fwd = role == GemmRole::fwd;
   // Row operand width, output width; cuBLAS m = c_w, n = chunk, k = a_w (column-major C^T).
   const int64_t a_w = fwd ? K : N, c_w = fwd ? N : K;
@@ -771,6 +785,7 @@ void run_chunked(GemmRole role, const GroupPlan& plan, size_t es_ab, const void*
   constexpr int64_t kMaxBatch = 65535;
   for (int64_t at = 0; at < P; at += kMaxBatch) {
     const int64_t nb = std::min(kMaxBatch, P - at);
+    MOE_CUBLAS_CHECK(cublasSetSmCountTarget(blas_for(s), sm_target));
     MOE_CUBLAS_CHECK(cublasGemmBatchedEx(
         blas_for(s), fwd ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, as_int(c_w, fwd ? "N" : "K"),
         as_int(C, "chunk rows"), as_int(a_w, fwd ? "K" : "N"), &alpha, dp + at, tab, as_int(N, "N"),
@@ -862,15 +877,18 @@ bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
   return true;
 }
 
-// pair2: a second (a, b) pair summed into every product (sm90::RowGroupedProduct::a2).
+// pair2: a second (a, b) pair summed into every product (sm90::RowGroupedProduct::a2);
+// max_clusters: at most that many clusters for fwd / dgrad (0: as many as fit).
 bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
               const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
               int64_t N, bool accumulate, const void* bias, DType bias_type, Stream s,
-              std::pair<const void*, const void*> pair2 = {nullptr, nullptr}) {
+              std::pair<const void*, const void*> pair2 = {nullptr, nullptr},
+              int max_clusters = 0) {
   if (role == GemmRole::wgrad)
     return !bias && !pair2.first && run_sm90_wgrad(plan, ab, a, bc, c_type, K, N, accumulate, s);
   const int64_t G = plan.groups();
   sm90::RowGroupedProduct p;
+  p.max_clusters = max_clusters;
   p.a2 = pair2.first;
   p.b2 = pair2.second;
   p.b_k_major = role == GemmRole::dgrad;
@@ -979,7 +997,8 @@ int64_t chunk_rows(const GroupPlan& plan, const GemmOptions& o) {
 // the memory-bound small products overlap the compute-bound large ones.
 void run_hybrid(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* a,
                 const std::vector<std::pair<const void*, void*>>& bc, DType ab, DType c_type,
-                int64_t K, int64_t N, float beta, Stream s, const GemmOptions& o) {
+                int64_t K, int64_t N, float beta, Stream s, const GemmOptions& o,
+                int sm_target = 0) {
   const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
   const size_t es_c = dtype_size(c_type);
   const GroupPlan small = masked(plan, false), large = masked(plan, true);
@@ -989,16 +1008,96 @@ void run_hybrid(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* 
   const int64_t C = chunk_rows(small, o);
   const bool accumulate = beta != 0.0f;
   if (big.empty())
-    return run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, s);
-  if (small.used == 0) return run_streams(big, tab, tc, beta, s, aux_count(o));
+    return run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, s, sm_target);
+  if (small.used == 0) return run_streams(big, tab, tc, beta, s, aux_count(o), sm_target);
   const int count = std::max(2, aux_count(o));
   Fork f(count, static_cast<int>(std::min<size_t>(big.size() + 1, count)), s);
-  run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, f[0]);
+  run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, f[0], sm_target);
   for (size_t j = 0; j < big.size(); ++j) {
     const Stream st = f[1 + static_cast<int>(j % (count - 1))];
-    gemm_ex(blas_for(st), big[j], tab, tc, beta);
+    gemm_ex(blas_for(st), big[j], tab, tc, beta, sm_target);
   }
   f.join();
+}
+
+}  // namespace
+
+SplitShare split_share(int sms) {
+  SplitShare r;
+  const char* e = std::getenv("MOE_GEMM_SPLIT");
+  if (e && std::strcmp(e, "off") == 0) return r;  // clusters 0: no split
+  if (e && *e && std::strcmp(e, "auto") != 0) {
+    // "c" or "c,t", decimal, nothing else.
+    auto number = [](const char* p, char** end) {
+      const bool digit = *p >= '0' && *p <= '9';
+      const long v = digit ? std::strtol(p, end, 10) : -1;
+      return v >= 0 && v <= INT_MAX ? static_cast<int>(v) : -1;
+    };
+    char* end = nullptr;
+    r.clusters = number(e, &end);
+    bool ok = r.clusters >= 1;
+    const bool both = ok && *end == ',';
+    if (both) {
+      r.sm_target = number(end + 1, &end);
+      ok = r.sm_target >= 0;
+    }
+    if (!ok || *end != '\0')
+      throw std::invalid_argument(std::string("MOE_GEMM_SPLIT: expected auto, off, clusters "
+                                              "or clusters,sms with clusters >= 1, got '") +
+                                  e + "'");
+    if (both) return r;
+  } else {
+    r.clusters = std::max(1, sms * kSplitClusters / kSplitSms);
+  }
+  r.sm_target = std::max(1, sms - sm90::kClusterSize * r.clusters);
+  return r;
+}
+
+namespace {
+
+// GemmImpl::split, fwd / dgrad: the streaming groups (at most sm90::kStreamRows rows) on the sm90
+// kernel with split_share's clusters on the high-priority stream, the others at the same time
+// through chunked's hybrid (run_hybrid: cuBLAS, planned for the SMs left). Each output row is
+// written by one of the two, each deterministic: so is the whole. A plan of one kind runs whole
+// on that kind's impl; where the kernel cannot take the product, everything runs as chunked.
+void run_split(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
+               const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
+               int64_t N, bool accumulate, Stream s, const GemmOptions& o) {
+  int dev = 0, sms = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const SplitShare share = split_share(sms);  // throws on a bad MOE_GEMM_SPLIT: nothing issued
+  GroupPlan st = plan, rest = plan;           // the streaming groups; the others
+  st.used = rest.used = 0;
+  for (int64_t g = 0; g < plan.groups(); ++g) {
+    (plan.sizes[g] <= sm90::kStreamRows ? rest : st).sizes[g] = 0;
+    st.used += st.sizes[g];
+    rest.used += rest.sizes[g];
+  }
+  const size_t es_ab = dtype_size(ab);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (st.used == 0) return run_hybrid(role, plan, es_ab, a, bc, ab, c_type, K, N, beta, s, o);
+  if ((rest.used == 0 || share.clusters == 0) &&
+      run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
+    return;
+  AuxStreams& aux = aux_streams(aux_count(o));
+  if (!aux.split) {
+    int least = 0, greatest = 0;
+    MOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t x = nullptr;
+    MOE_CUDA_CHECK(cudaStreamCreateWithPriority(&x, cudaStreamNonBlocking, greatest));
+    aux.split = x;
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&aux.split_join, cudaEventDisableTiming));
+  }
+  MOE_CUDA_CHECK(cudaEventRecord(aux.fork, s));
+  MOE_CUDA_CHECK(cudaStreamWaitEvent(aux.split, aux.fork, 0));
+  // Issued first, so that its clusters hold their SMs before cuBLAS's grid fills the rest.
+  if (!run_sm90(role, st, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, aux.split, {},
+                share.clusters))
+    return run_hybrid(role, plan, es_ab, a, bc, ab, c_type, K, N, beta, s, o);
+  run_hybrid(role, rest, es_ab, a, bc, ab, c_type, K, N, beta, s, o, share.sm_target);
+  MOE_CUDA_CHECK(cudaEventRecord(aux.split_join, aux.split));
+  MOE_CUDA_CHECK(cudaStreamWaitEvent(s, aux.split_join, 0));
 }
 
 // A copy of `rows` rows of row_bytes from src into dst, then zero rows up to `total`.
@@ -1154,6 +1253,8 @@ std::string_view gemm_impl_name(GemmImpl impl) {
       return "chunked";
     case GemmImpl::sm90:
       return "sm90";
+    case GemmImpl::split:
+      return "split";
     case GemmImpl::automatic:
       return "auto";
   }
@@ -1166,9 +1267,10 @@ GemmImpl parse_gemm_impl(std::string_view s) {
   if (s == "streams") return GemmImpl::streams;
   if (s == "chunked") return GemmImpl::chunked;
   if (s == "sm90") return GemmImpl::sm90;
+  if (s == "split") return GemmImpl::split;
   if (s == "auto") return GemmImpl::automatic;
   throw std::invalid_argument("impl: unknown value '" + std::string(s) +
-                              "' (expected grouped, loop, streams, chunked, sm90 or auto)");
+                              "' (expected grouped, loop, streams, chunked, sm90, split or auto)");
 }
 
 // automatic: chunked was 38% faster than streams on the DeepSeek-like uniform forward, within the
@@ -1214,12 +1316,14 @@ bool auto_takes_sm90(const GroupPlan& plan, int64_t max_rows) {
 
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
                            bool wgrad_tma_epilogue) {
+  if (impl == GemmImpl::split && role == GemmRole::wgrad) impl = GemmImpl::automatic;
   if (impl != GemmImpl::automatic) return impl;
   if (!sm90::available()) return GemmImpl::chunked;
   if (role == GemmRole::wgrad)
     return wgrad_tma_epilogue && auto_takes_sm90(plan, kAutoWgradRows) ? GemmImpl::sm90
                                                                        : GemmImpl::chunked;
-  return auto_takes_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
+  if (auto_mixes_for_sm90(plan)) return GemmImpl::split;
+  return auto_prefers_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
 GemmImpl resolve_pair_impl(GemmImpl impl, const GroupPlan& plan) {
@@ -1332,8 +1436,13 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
       return run_loop(ps, tab, tc, beta, s);
     case GemmImpl::streams:
       return run_streams(ps, tab, tc, beta, s, aux_count(o));
+    case GemmImpl::split:  // fwd, dgrad (wgrad resolves as automatic)
+      if (chunked_aligned(dtype_size(ab), a, bc, dtype_size(c_type), K, N))
+        return run_split(role, plan, ab, a, bc, c_type, K, N, accumulate, s, o);
+      return run_streams(ps, tab, tc, beta, s, aux_count(o));
     case GemmImpl::sm90:
-      if ((role != GemmRole::wgrad || o.sm90_wgrad || o.impl == GemmImpl::automatic) &&
+      if ((role != GemmRole::wgrad || o.sm90_wgrad || o.impl == GemmImpl::automatic ||
+           o.impl == GemmImpl::split) &&
           run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
         return;
       [[fallthrough]];
@@ -1362,7 +1471,9 @@ bool grouped_product_sum(GemmRole role, const GroupPlan& plan, DType ab, const v
                          const void* b, const void* a2, const void* b2, DType c_type, void* c,
                          int64_t K, int64_t N, Stream s, const GemmOptions& o) {
   if (role == GemmRole::wgrad || K <= 0 || N <= 0) return false;
-  if (resolve_pair_impl(o.impl, plan) != GemmImpl::sm90) return false;
+  // split takes the sum whole on sm90: cuBLAS has no product of two operand pairs.
+  const GemmImpl impl = resolve_pair_impl(o.impl, plan);
+  if (impl != GemmImpl::sm90 && impl != GemmImpl::split) return false;
   return run_sm90(role, plan, ab, a, {{b, c}}, c_type, K, N, false, nullptr, DType::f32, s,
                   {a2, b2});
 }
@@ -1526,8 +1637,10 @@ void grouped_gemm_fwd_into(const DeviceTensor& x, const DeviceTensor& w, const G
     return;
   }
   // rnd_d(sum + bias) with one rounding: in the sm90 kernel's epilogue, or an fp32 accumulator
-  // and the bias epilogue.
-  if (resolve_gemm_impl(o.impl, GemmRole::fwd, plan) == GemmImpl::sm90) {
+  // and the bias epilogue. split runs a biased forward whole on sm90 (cuBLAS would need the fp32
+  // accumulator and a pass over it).
+  const GemmImpl impl = resolve_gemm_impl(o.impl, GemmRole::fwd, plan);
+  if (impl == GemmImpl::sm90 || impl == GemmImpl::split) {
     gemm_detail::zero_tail_rows(plan, out.data(), sh.n, dtype_size(out.dtype()), s);
     if (run_sm90(GemmRole::fwd, plan, x.dtype(), x.data(), {{w.data(), out.data()}}, out.dtype(),
                  sh.k, sh.n, false, bias->data(), bias->dtype(), s))

@@ -111,6 +111,11 @@ enum class GemmImpl : uint8_t {
               // sm_90 GPUs, 16-bit operands, K and N multiples of 8, with the forward bias in its
               // epilogue; wgrad on its own kernel when GemmOptions::sm90_wgrad, else, and whatever
               // the kernels cannot take, as `chunked`.
+  split,      // fwd, dgrad: the groups of at most sm90::kStreamRows rows (bound by streaming their
+              // weight) on the sm90 kernel with a share of the SMs (split_share), on a stream of
+              // the greatest priority, while the other groups (bound by the tensor cores) run as
+              // `chunked` on the SMs left, at the same time; a plan of one kind runs whole on that
+              // kind's impl. wgrad as `automatic`. Where sm90 cannot take the product: `chunked`.
   automatic,  // "auto", the default: per product, `sm90` for fwd and dgrad where at least half
               // the rows are in groups of at most kAutoSm90Rows rows (each expert's weight
               // streamed for few rows, where our kernel beats cuBLAS), for wgrad (its own kernel)
@@ -118,7 +123,8 @@ enum class GemmImpl : uint8_t {
               // 16-bit and not accumulated, and a sum of two products (the FFN's grad x) on it
               // where at least half are in groups of at most kAutoPairRows, and all of them
               // where the plan mixes streaming and dense groups (kAutoRidgeRows), when the kernel
-              // is available; else `chunked` (see resolve_gemm_impl, resolve_pair_impl).
+              // is available, except that fwd and dgrad of such a mixed plan run `split`; else
+              // `chunked` (see resolve_gemm_impl, resolve_pair_impl).
 };
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
 // H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
@@ -163,6 +169,23 @@ constexpr int64_t kAutoPairRows = kAutoWgradRows;
 // FFN's fwd+bwd -3.5%, -2%, -3.4%. `bench` deepseek_skewed: grouped_gemm fwd+bwd -7%, the FFN's
 // -5%.
 constexpr int64_t kAutoRidgeRows = 260;
+// GemmImpl::split's share of the SMs for its sm90 half: kSplitClusters clusters per kSplitSms SMs
+// (24 clusters, 48 of an H100's 132 SMs), and cuBLAS planned for the SMs left. Measured (H100,
+// session 22, GemmBench DeepSeek-like skewed forward, ms, docs/perf.md; cuBLAS planned for the
+// SMs left unless "all"): 12 clusters 5.60 (all), 16 4.38-4.48, 20 3.84, 24 3.61-3.70 (all:
+// 3.88-3.91), 28 3.84, 32 4.02 (all: 3.87), 40 4.74; the whole product on sm90 3.85-3.89 in the
+// same calls. Alone, the sm90 half took 3.64 ms on 16 clusters, 2.45 on 24, 1.97 on all 66, and
+// the cuBLAS half 2.34 ms.
+constexpr int kSplitClusters = 24, kSplitSms = 132;
+// split's share on a device of `sms` SMs: clusters for the sm90 half and the SM count cuBLAS plans
+// for (cublasSetSmCountTarget). MOE_GEMM_SPLIT (A/B): unset, empty or "auto" the rule above;
+// "off" clusters 0 (split then runs the product whole on sm90, as automatic did before split);
+// "c" c clusters, cuBLAS planned for the SMs left; "c,t" cuBLAS planned for t SMs (0: all);
+// anything else throws std::invalid_argument naming it. Read on every call.
+struct SplitShare {
+  int clusters = 0, sm_target = 0;
+};
+SplitShare split_share(int sms);
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
 // The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or
@@ -240,7 +263,8 @@ enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
 // sm90 where sm90::available() and at least half the plan's rows are in groups of at most
 // kAutoSm90Rows rows (fwd, dgrad) or kAutoWgradRows rows (wgrad, and only with
 // wgrad_tma_epilogue: a 16-bit gradient written, not accumulated), or the plan mixes
-// (auto_mixes_for_sm90; wgrad again only with wgrad_tma_epilogue), else chunked.
+// (auto_mixes_for_sm90; wgrad again only with wgrad_tma_epilogue), else chunked; fwd and dgrad
+// of a mixed plan are split instead of sm90. split itself resolves wgrad as automatic does.
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
                            bool wgrad_tma_epilogue = false);
 // Whether at least half the plan's rows are in groups of at most max_rows rows (an empty plan

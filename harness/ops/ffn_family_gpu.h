@@ -1,8 +1,8 @@
 // CUDA bindings of the grouped_gemm and swiglu_expert_ffn records (SPEC §10). Each <op>_gpu
 // uploads the inputs, runs the twin forward and backward with every output poisoned first, and
 // returns output.* / grad.* under the SPEC §14 keys the reference uses. The case parameter `impl`
-// (grouped, loop, streams or chunked; absent = gpu::default_gemm_impl()) picks how the per-group
-// cuBLAS products are issued, so tests cover every implementation through the same record;
+// (grouped, loop, streams, chunked, sm90, split or auto; absent = gpu::default_gemm_impl()) picks
+// how the per-group products are issued, so tests cover every implementation through the same record;
 // `chunk_rows` sets chunked's chunk size (absent = its default).
 //
 // The benchmarks upload once, read the group sizes back once (the plan), and launch the _into

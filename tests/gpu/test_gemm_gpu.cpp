@@ -67,7 +67,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-const char* const kImpls[] = {"grouped", "loop", "streams", "chunked", "sm90", "auto"};
+const char* const kImpls[] = {"grouped", "loop", "streams", "chunked", "sm90", "split", "auto"};
 
 std::string failure(const Case& c, const Report& r) {
   return c.line() + "\n" + r.str() + "  replay: " + replay_line(c, "gpu");
@@ -987,7 +987,7 @@ struct BenchImpl {
 
 std::vector<BenchImpl> bench_impls() {
   std::vector<BenchImpl> v;
-  for (const char* n : {"grouped", "loop", "streams", "chunked", "sm90", "auto"}) {
+  for (const char* n : {"grouped", "loop", "streams", "chunked", "sm90", "split", "auto"}) {
     gpu::GemmOptions o;
     o.impl = gpu::parse_gemm_impl(n);
     v.push_back({n, o});
@@ -1131,14 +1131,19 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
         << e << " experts";
   for (const Regime r : {Regime::uniform, Regime::skewed})
     EXPECT_FALSE(gpu::auto_mixes_for_sm90(bench_plan({"m", 16384, 2, 0, 0, 8, r})));
+  // fwd and dgrad of a mixed plan are split (the streaming groups on sm90 beside cuBLAS); wgrad
+  // runs whole on sm90, as does split's own wgrad.
+  const GemmImpl mixed = gpu::sm90::available() ? GemmImpl::split : GemmImpl::chunked;
   for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, ds_plan(Regime::skewed)), small);
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_at), small);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, ds_plan(Regime::skewed)), mixed);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_at), mixed);
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_above), GemmImpl::chunked);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::split, role, mix_above), GemmImpl::split);
   }
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, mix_at, true), small);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, mix_at, false),
             GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::split, GemmRole::wgrad, mix_at, true), small);
   // The pair: mix_above has all its rows in groups of at most kAutoPairRows, so the first rule
   // already takes it; the DeepSeek-like skewed plan (below) is where the second one matters.
   EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, mix_at), small);
@@ -1154,6 +1159,8 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, w_at, false),
             GemmImpl::chunked);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, w_above, true),
+            GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::split, GemmRole::wgrad, w_above, true),
             GemmImpl::chunked);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::fwd, w_at, true),
             GemmImpl::chunked);
@@ -1183,6 +1190,47 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
     EXPECT_EQ(gpu::resolve_gemm_impl(i, GemmRole::wgrad, w_at, true), i);
   }
   EXPECT_EQ(gpu::gemm_impl_name(GemmImpl::automatic), "auto");
+  EXPECT_EQ(gpu::gemm_impl_name(GemmImpl::split), "split");
+  EXPECT_EQ(gpu::parse_gemm_impl("split"), GemmImpl::split);
+}
+
+// GemmImpl::split's share of the SMs (split_share): 24 clusters (48 SMs) of an H100's 132, cuBLAS
+// planned for the 84 left, scaled to other SM counts; MOE_GEMM_SPLIT forces the clusters (cuBLAS
+// then planned for the SMs left) or both, or turns the split off (0 clusters); a bad value throws
+// naming the variable. Host only.
+TEST(GemmImplDefault, SplitShareFollowsTheSmCountAndTheVariable) {
+  const ScopedEnv env("MOE_GEMM_SPLIT");
+  EXPECT_EQ(gpu::sm90::kClusterSize, 2);
+  for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
+    env.set(v);
+    const gpu::SplitShare h100 = gpu::split_share(132);
+    EXPECT_EQ(h100.clusters, 24);
+    EXPECT_EQ(h100.sm_target, 84);
+    const gpu::SplitShare small = gpu::split_share(66);
+    EXPECT_EQ(small.clusters, 12);
+    EXPECT_EQ(small.sm_target, 42);
+    const gpu::SplitShare tiny = gpu::split_share(2);  // never 0 clusters, never 0 SMs for cuBLAS
+    EXPECT_EQ(tiny.clusters, 1);
+    EXPECT_EQ(tiny.sm_target, 1);
+  }
+  env.set("off");
+  EXPECT_EQ(gpu::split_share(132).clusters, 0);
+  env.set("16");
+  EXPECT_EQ(gpu::split_share(132).clusters, 16);
+  EXPECT_EQ(gpu::split_share(132).sm_target, 100);
+  env.set("20,0");
+  EXPECT_EQ(gpu::split_share(132).clusters, 20);
+  EXPECT_EQ(gpu::split_share(132).sm_target, 0);
+  for (const char* bad : {"0", "-3", "x", "16,", "16,-1", "16,84,1", "16x", "Off"}) {
+    env.set(bad);
+    try {
+      gpu::split_share(132);
+      ADD_FAILURE() << "no throw for '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("MOE_GEMM_SPLIT"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The sm90 draw order (gpu/grouped_gemm_sm90.cuh, mixed_order): a permutation of the table that
@@ -1255,6 +1303,48 @@ TEST(Sm90MixOrder, SpreadsTheStreamingGroupsEntriesEvenlyAndKeepsEachKindsOrder)
 // quarters past Nc store nothing. Every element of the forward and of dgrad is checked against
 // its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto folds these sizes) and as N-pairs
 // (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
+// Every element of a bf16 forward out[r, n] = sum_k x[r, k] w[g, k, n] and dgrad grad_x[r, k] =
+// sum_n ct[r, n] w[g, k, n] (operands filled() with kSeedX, kSeedW, kSeedCt) against fp64 sums,
+// within the SPEC §12 reduction bound.
+void expect_fp64_sums(const gpu::GroupPlan& plan, int64_t K, int64_t N, const Tensor& out,
+                      const Tensor& gx) {
+  // The operands' values, hashed once (the sums below read each element N or K times).
+  const int64_t R = plan.rows, G = plan.groups();
+  auto values = [](uint64_t seed, int64_t n) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = hv(seed, i);
+    return v;
+  };
+  const std::vector<double> xv = values(kSeedX, R * K), wv = values(kSeedW, G * K * N),
+                            cv = values(kSeedCt, R * N);
+  Sampler s{plan, K, N, {}};
+  for (int64_t g = 0; g < G; ++g) {
+    const double* wg = wv.data() + g * K * N;
+    for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
+      for (int64_t n = 0; n < N; ++n) {
+        double want = 0, abs = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = xv[r * K + k] * wg[k * N + n];
+          want += p;
+          abs += std::fabs(p);
+        }
+        s.check("out", r * N + n, out.at(r, n), round_to(DType::bf16, want), K, abs);
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        double want = 0, abs = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double p = cv[r * N + n] * wg[k * N + n];
+          want += p;
+          abs += std::fabs(p);
+        }
+        s.check("grad_x", r * K + k, gx.at(r, k), round_to(DType::bf16, want), N, abs);
+      }
+    }
+  }
+  EXPECT_TRUE(s.bad.empty()) << s.bad.size()
+                             << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
+}
+
 TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv tail("MOE_SM90_TAIL");
@@ -1276,31 +1366,7 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
     int64_t calls = 0;
     const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
     EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
-    Sampler s{plan, K, N, {}};
-    for (int64_t g = 0; g < G; ++g) {
-      for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
-        for (int64_t n = 0; n < N; ++n) {
-          double want = 0, abs = 0;
-          for (int64_t k = 0; k < K; ++k) {
-            const double p = hv(kSeedX, r * K + k) * hv(kSeedW, (g * K + k) * N + n);
-            want += p;
-            abs += std::fabs(p);
-          }
-          s.check("out", r * N + n, out.at(r, n), round_to(DType::bf16, want), K, abs);
-        }
-        for (int64_t k = 0; k < K; ++k) {
-          double want = 0, abs = 0;
-          for (int64_t n = 0; n < N; ++n) {
-            const double p = hv(kSeedCt, r * N + n) * hv(kSeedW, (g * K + k) * N + n);
-            want += p;
-            abs += std::fabs(p);
-          }
-          s.check("grad_x", r * K + k, gx.at(r, k), round_to(DType::bf16, want), N, abs);
-        }
-      }
-    }
-    EXPECT_TRUE(s.bad.empty()) << s.bad.size()
-                               << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
+    expect_fp64_sums(plan, K, N, out, gx);
     const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
     EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
   }
@@ -1660,6 +1726,52 @@ TEST(Sm90GemmGpu, TwoPairsSumInOneAccumulator) {
   }
   EXPECT_TRUE(smp.bad.empty()) << smp.bad.size() << " elements off, first: "
                                << (smp.bad.empty() ? "" : smp.bad.front());
+}
+
+// GemmImpl::split: the groups of at most 256 rows on the sm90 kernel (a few clusters, a stream of
+// its own) while the others run on cuBLAS. The sizes give both kinds, streaming groups that fold
+// their tail or not and an empty one; outputs are poisoned first, so a group neither half wrote
+// shows. Every element of fwd and dgrad is checked against its fp64 sum, with the rule's share
+// and with 1 and 3 clusters (so each cluster draws many entries) and cuBLAS planned for every SM,
+// and with the split off (whole on sm90); two runs are bitwise equal; the kernel ran. A biased
+// forward runs whole on sm90 (its bias in the kernel's epilogue) and gives sm90's bits. A bad
+// MOE_GEMM_SPLIT throws before anything is issued.
+TEST(Sm90GemmGpu, SplitMatchesTheFp64SumsEverywhere) {
+  MOE_SKIP_WITHOUT_SM90();
+  const ScopedEnv env("MOE_GEMM_SPLIT");
+  const std::vector<int64_t> sizes = {1500, 3, 200, 0, 1100, 129, 64, 256, 70, 300, 257};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 9, K = 256, N = 264, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::split;
+  o.poison = true;
+  for (const char* share : {static_cast<const char*>(nullptr), "1", "3,0", "off"}) {
+    SCOPED_TRACE(std::string("MOE_GEMM_SPLIT=") + (share ? share : "(unset)"));
+    env.set(share);
+    int64_t calls = 0;
+    const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_GE(calls, 2) << "fwd and dgrad's streaming groups on the kernel";
+    expect_fp64_sums(plan, K, N, out, gx);
+    const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+    EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
+  }
+  env.set(nullptr);
+  // With a bias: the whole forward on sm90, bitwise.
+  const gpu::DeviceTensor bias = filled({G, N}, kSeedCt + 1);
+  gpu::DeviceTensor got(DType::bf16, {R, N}), want(DType::bf16, {R, N});
+  gpu::grouped_gemm_fwd_into(x, w, plan, &bias, got, nullptr, o);
+  gpu::GemmOptions whole = o;
+  whole.impl = gpu::GemmImpl::sm90;
+  gpu::grouped_gemm_fwd_into(x, w, plan, &bias, want, nullptr, whole);
+  EXPECT_TRUE(got.download().bitwise_equal(want.download())) << "biased forward differs from sm90";
+  env.set("0");
+  gpu::DeviceTensor out(DType::bf16, {R, N});
+  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+               std::invalid_argument);
 }
 
 // The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
