@@ -401,6 +401,11 @@ M = [
      "return dense && streaming > 0 && 2 * streaming * kAutoRidgeRows > other_rows;",
      "automatic's mixed-plan rule: a plan whose streaming groups' weights take exactly half as "
      "long as the other groups' products stays on chunked (the host test's boundary plan)"),
+    ("083", "split_share_one_sm_per_cluster", "edge-size", "gpu/grouped_gemm.cu", 1,
+     "r.sm_target = std::max(1, sms - sm90::kClusterSize * r.clusters);",
+     "r.sm_target = std::max(1, sms - r.clusters);",
+     "GemmImpl::split: cuBLAS is planned for the SMs left as if each sm90 cluster held one SM, not "
+     "two (a performance rule; caught by the host test of split_share)"),
 ]
 
 
