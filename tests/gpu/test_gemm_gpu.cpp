@@ -1296,16 +1296,10 @@ TEST(Sm90MixOrder, SpreadsTheStreamingGroupsEntriesEvenlyAndKeepsEachKindsOrder)
   EXPECT_THAT(e, ::testing::HasSubstr("'on'"));
 }
 
-// The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..545 rows
-// give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
-// group's end, folded tails (257, 300 and 545 rows: 4 m + 1 64-row slots; the last at the second
-// M-pair), and with N = 520 (3 column tiles) an N-pair whose partner is past Nc and a tail whose
-// quarters past Nc store nothing. Every element of the forward and of dgrad is checked against
-// its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto folds these sizes) and as N-pairs
-// (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
 // Every element of a bf16 forward out[r, n] = sum_k x[r, k] w[g, k, n] and dgrad grad_x[r, k] =
 // sum_n ct[r, n] w[g, k, n] (operands filled() with kSeedX, kSeedW, kSeedCt) against fp64 sums,
 // within the SPEC §12 reduction bound.
+namespace {
 void expect_fp64_sums(const gpu::GroupPlan& plan, int64_t K, int64_t N, const Tensor& out,
                       const Tensor& gx) {
   // The operands' values, hashed once (the sums below read each element N or K times).
@@ -1344,7 +1338,15 @@ void expect_fp64_sums(const gpu::GroupPlan& plan, int64_t K, int64_t N, const Te
   EXPECT_TRUE(s.bad.empty()) << s.bad.size()
                              << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
 }
+}  // namespace
 
+// The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..545 rows
+// give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
+// group's end, folded tails (257, 300 and 545 rows: 4 m + 1 64-row slots; the last at the second
+// M-pair), and with N = 520 (3 column tiles) an N-pair whose partner is past Nc and a tail whose
+// quarters past Nc store nothing. Every element of the forward and of dgrad is checked against
+// its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto folds these sizes) and as N-pairs
+// (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
 TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv tail("MOE_SM90_TAIL");
