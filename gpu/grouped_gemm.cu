@@ -203,13 +203,18 @@ void bound_entries(ThreadState& t, Map& m, Stream s, Free free_entry) {
 
 // One handle per (thread, device, stream), bound to that stream, with its own workspace: a
 // workspace shared by handles on concurrent streams would race, and a fixed workspace size keeps
-// cuBLAS's algorithm choice (hence the bits) fixed.
-cublasHandle_t blas_for(Stream s) {
+// cuBLAS's algorithm choice (hence the bits) fixed. sm_target: the SM count cuBLAS's heuristics
+// plan for (0: the device's; GemmImpl::split plans for the SMs its sm90 half leaves), set on every
+// call, so that no call inherits another's (the algorithm, hence the bits, would follow it).
+cublasHandle_t blas_for(Stream s, int sm_target = 0) {
   ThreadState& t = thread_state();
   int dev = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
   auto it = t.handles.find({dev, s});
-  if (it != t.handles.end()) return it->second.h;
+  if (it != t.handles.end()) {
+    MOE_CUBLAS_CHECK(cublasSetSmCountTarget(it->second.h, sm_target));
+    return it->second.h;
+  }
   bound_entries(t, t.handles, s, [](int d, BlasHandle& b) { destroy(d, b); });
   BlasHandle b;
   MOE_CUBLAS_CHECK(cublasCreate(&b.h));
@@ -229,6 +234,7 @@ cublasHandle_t blas_for(Stream s) {
     throw;
   }
   t.handles.emplace(std::make_pair(dev, s), b);
+  MOE_CUBLAS_CHECK(cublasSetSmCountTarget(b.h, sm_target));
   return b.h;
 }
 
@@ -386,12 +392,9 @@ void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const vo
   }
 }
 
-// sm_target: the SM count cuBLAS's heuristics plan for (0: the device's); set on every call, as the
-// handles of the forked streams are shared by every caller.
-void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc, float beta,
-             int sm_target = 0) {
+void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc,
+             float beta) {
   const float alpha = 1.0f;
-  MOE_CUBLAS_CHECK(cublasSetSmCountTarget(h, sm_target));
   MOE_CUBLAS_CHECK(cublasGemmEx(h, p.ta, p.tb, p.m, p.n, p.k, &alpha, p.a, tab, p.lda, p.b, tab,
                                 p.ldb, &beta, p.c, tc, p.ldc, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
@@ -407,14 +410,14 @@ void run_loop(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t
 void run_streams(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
                  Stream s, int count, int sm_target = 0) {
   if (ps.size() <= 1 || count <= 1) {
-    cublasHandle_t h = blas_for(s);
-    for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta, sm_target);
+    cublasHandle_t h = blas_for(s, sm_target);
+    for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta);
     return;
   }
   Fork f(count, static_cast<int>(std::min<size_t>(ps.size(), count)), s);
   for (size_t j = 0; j < ps.size(); ++j) {
     const Stream st = f[static_cast<int>(j % count)];
-    gemm_ex(blas_for(st), ps[j], tab, tc, beta, sm_target);
+    gemm_ex(blas_for(st, sm_target), ps[j], tab, tc, beta);
   }
   f.join();
 }
@@ -785,12 +788,12 @@ void run_chunked(GemmRole role, const GroupPlan& plan, size_t es_ab, const void*
   constexpr int64_t kMaxBatch = 65535;
   for (int64_t at = 0; at < P; at += kMaxBatch) {
     const int64_t nb = std::min(kMaxBatch, P - at);
-    MOE_CUBLAS_CHECK(cublasSetSmCountTarget(blas_for(s), sm_target));
     MOE_CUBLAS_CHECK(cublasGemmBatchedEx(
-        blas_for(s), fwd ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, as_int(c_w, fwd ? "N" : "K"),
-        as_int(C, "chunk rows"), as_int(a_w, fwd ? "K" : "N"), &alpha, dp + at, tab, as_int(N, "N"),
-        dp + P + at, tab, as_int(a_w, "K"), &beta, const_cast<void* const*>(dp + 2 * P + at), tc,
-        as_int(c_w, "N"), static_cast<int>(nb), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        blas_for(s, sm_target), fwd ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
+        as_int(c_w, fwd ? "N" : "K"), as_int(C, "chunk rows"), as_int(a_w, fwd ? "K" : "N"), &alpha,
+        dp + at, tab, as_int(N, "N"), dp + P + at, tab, as_int(a_w, "K"), &beta,
+        const_cast<void* const*>(dp + 2 * P + at), tc, as_int(c_w, "N"), static_cast<int>(nb),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   copy_rows(d_recs, Q, C, c_row, true, s);
   MOE_CUDA_CHECK(cudaEventRecord(slot.done, s));
@@ -1015,7 +1018,7 @@ void run_hybrid(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* 
   run_chunked(role, small, es_ab, a, bc, tab, es_c, tc, K, N, accumulate, C, f[0], sm_target);
   for (size_t j = 0; j < big.size(); ++j) {
     const Stream st = f[1 + static_cast<int>(j % (count - 1))];
-    gemm_ex(blas_for(st), big[j], tab, tc, beta, sm_target);
+    gemm_ex(blas_for(st, sm_target), big[j], tab, tc, beta);
   }
   f.join();
 }
