@@ -167,7 +167,8 @@ constexpr int64_t kAutoPairRows = kAutoWgradRows;
 // (203, 114 and 52 small groups beside ~62k rows; the ratio of the two times 0.85, 0.47, 0.21):
 // fwd+bwd -5%, +0.2%, +3.4% (fwd -13%, -6%, -2.5%; dgrad -5%, 0%, +6%; wgrad -2.5%, -4%, -2%); the
 // FFN's fwd+bwd -3.5%, -2%, -3.4%. `bench` deepseek_skewed: grouped_gemm fwd+bwd -7%, the FFN's
-// -5%.
+// -5%. Since session 22 fwd and dgrad of such a plan run GemmImpl::split instead (each kind on
+// its own engine at once, kSplitClusters).
 constexpr int64_t kAutoRidgeRows = 260;
 // GemmImpl::split's share of the SMs for its sm90 half: kSplitClusters clusters per kSplitSms SMs
 // (24 clusters, 48 of an H100's 132 SMs), and cuBLAS planned for the SMs left. Measured (H100,
