@@ -2,8 +2,8 @@
 // uploads the inputs, runs the twin forward and backward with every output poisoned first, and
 // returns output.* / grad.* under the SPEC §14 keys the reference uses. The case parameter `impl`
 // (grouped, loop, streams, chunked, sm90, split or auto; absent = gpu::default_gemm_impl()) picks
-// how the per-group products are issued, so tests cover every implementation through the same record;
-// `chunk_rows` sets chunked's chunk size (absent = its default).
+// how the per-group products are issued, so tests cover every implementation through the same
+// record; `chunk_rows` sets chunked's chunk size (absent = its default).
 //
 // The benchmarks upload once, read the group sizes back once (the plan), and launch the _into
 // forms, which neither allocate outputs nor synchronise; fwd() is the forward, bwd() the backward.
