@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -1025,7 +1027,7 @@ void run_hybrid(GemmRole role, const GroupPlan& plan, size_t es_ab, const void* 
 
 }  // namespace
 
-SplitShare split_share(int sms) {
+SplitShare split_share(int sms, int64_t streaming_groups, int64_t other_rows) {
   SplitShare r;
   const char* e = std::getenv("MOE_GEMM_SPLIT");
   if (e && std::strcmp(e, "off") == 0) return r;  // clusters 0: no split
@@ -1050,7 +1052,12 @@ SplitShare split_share(int sms) {
                                   e + "'");
     if (both) return r;
   } else {
-    r.clusters = std::max(1, sms * kSplitClusters / kSplitSms);
+    // Rounded to the nearest; in doubles, since g L sms overflows nothing there.
+    const double g = static_cast<double>(std::max<int64_t>(streaming_groups, 0));
+    const double rows = static_cast<double>(std::max<int64_t>(other_rows, 0));
+    const double c = g * kSplitRows * sms / (rows + 2.0 * g * kSplitRows);
+    const int most = std::max(1, sms / sm90::kClusterSize - 1);
+    r.clusters = std::clamp(static_cast<int>(c + 0.5), 1, most);
   }
   r.sm_target = std::max(1, sms - sm90::kClusterSize * r.clusters);
   return r;
@@ -1069,14 +1076,17 @@ void run_split(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   int dev = 0, sms = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
   MOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const SplitShare share = split_share(sms);  // throws on a bad MOE_GEMM_SPLIT: nothing issued
-  GroupPlan st = plan, rest = plan;           // the streaming groups; the others
+  GroupPlan st = plan, rest = plan;  // the streaming groups; the others
   st.used = rest.used = 0;
+  int64_t streaming = 0;
   for (int64_t g = 0; g < plan.groups(); ++g) {
     (plan.sizes[g] <= sm90::kStreamRows ? rest : st).sizes[g] = 0;
+    streaming += st.sizes[g] > 0;
     st.used += st.sizes[g];
     rest.used += rest.sizes[g];
   }
+  // Throws on a bad MOE_GEMM_SPLIT: nothing issued yet.
+  const SplitShare share = split_share(sms, streaming, rest.used);
   const size_t es_ab = dtype_size(ab);
   const float beta = accumulate ? 1.0f : 0.0f;
   if (st.used == 0) return run_hybrid(role, plan, es_ab, a, bc, ab, c_type, K, N, beta, s, o);
@@ -1295,7 +1305,11 @@ bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows) {
   return 2 * small >= plan.used;
 }
 
-bool auto_mixes_for_sm90(const GroupPlan& plan) {
+namespace {
+// Whether the plan has a dense group (above sm90::kDenseRows) and streaming ones (at most
+// sm90::kStreamRows) whose weights take at least 1 / factor as long to stream as the others'
+// products at the dense rate: factor x (streaming groups) x kAutoRidgeRows >= (other rows).
+bool mixes_at_least(const GroupPlan& plan, int64_t factor) {
   int64_t streaming = 0, other_rows = 0;
   bool dense = false;
   for (const int64_t n : plan.sizes) {
@@ -1307,7 +1321,16 @@ bool auto_mixes_for_sm90(const GroupPlan& plan) {
       dense |= n > sm90::kDenseRows;
     }
   }
-  return dense && streaming > 0 && 2 * streaming * kAutoRidgeRows >= other_rows;
+  return dense && streaming > 0 && factor * streaming * kAutoRidgeRows >= other_rows;
+}
+}  // namespace
+
+bool auto_mixes_for_sm90(const GroupPlan& plan) {
+  return mixes_at_least(plan, 2);
+}
+
+bool auto_splits(const GroupPlan& plan) {
+  return mixes_at_least(plan, kAutoSplitFactor);
 }
 
 namespace {
@@ -1325,7 +1348,7 @@ GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
   if (role == GemmRole::wgrad)
     return wgrad_tma_epilogue && auto_takes_sm90(plan, kAutoWgradRows) ? GemmImpl::sm90
                                                                        : GemmImpl::chunked;
-  if (auto_mixes_for_sm90(plan)) return GemmImpl::split;
+  if (auto_splits(plan)) return GemmImpl::split;
   return auto_prefers_sm90(plan, kAutoSm90Rows) ? GemmImpl::sm90 : GemmImpl::chunked;
 }
 
@@ -1391,7 +1414,64 @@ void release_gemm_resources() noexcept {
   StateRegistry::get().release_all();
 }
 
+namespace {
+const char* role_name(GemmRole r) {
+  switch (r) {
+    case GemmRole::fwd:
+      return "fwd";
+    case GemmRole::dgrad:
+      return "dgrad";
+    case GemmRole::wgrad:
+      return "wgrad";
+  }
+  return "?";
+}
+
+// MOE_GEMM_TRACE=1: each distinct product (gemm_detail::product_trace_line) is printed once to
+// stderr, for finding which impl a layer's products take; unset, empty or 0: nothing. Anything
+// else throws std::invalid_argument naming the variable, before any work.
+void trace_product(const char* what, GemmRole role, const GroupPlan& plan, int64_t K, int64_t N,
+                   GemmImpl impl) {
+  const char* e = std::getenv("MOE_GEMM_TRACE");
+  if (!e || !*e || std::strcmp(e, "0") == 0) return;
+  if (std::strcmp(e, "1") != 0)
+    throw std::invalid_argument(std::string("MOE_GEMM_TRACE: expected 0 or 1, got '") + e + "'");
+  const std::string line = gemm_detail::product_trace_line(what, role, plan, K, N, impl);
+  static std::mutex m;
+  static std::set<std::string> seen;
+  const std::lock_guard<std::mutex> lock(m);
+  if (seen.insert(line).second) std::fprintf(stderr, "%s\n", line.c_str());
+}
+}  // namespace
+
 namespace gemm_detail {
+
+std::string product_trace_line(const char* what, GemmRole role, const GroupPlan& plan, int64_t K,
+                               int64_t N, GemmImpl impl) {
+  // Groups (and their rows) by size: streaming (<= sm90::kStreamRows), up to the dense bound,
+  // dense; and the empty ones.
+  int64_t empty = 0, largest = 0, count[3] = {0, 0, 0}, rows[3] = {0, 0, 0};
+  for (const int64_t n : plan.sizes) {
+    largest = std::max(largest, n);
+    if (n == 0) {
+      ++empty;
+      continue;
+    }
+    const int k = n <= sm90::kStreamRows ? 0 : n <= sm90::kDenseRows ? 1 : 2;
+    ++count[k];
+    rows[k] += n;
+  }
+  auto bucket = [&](const std::string& name, int k) {
+    return name + " " + std::to_string(count[k]) + " (" + std::to_string(rows[k]) + " rows)";
+  };
+  return std::string("moe gemm: ") + what + " " + role_name(role) + " K=" + std::to_string(K) +
+         " N=" + std::to_string(N) + " rows=" + std::to_string(plan.used) +
+         " groups=" + std::to_string(plan.groups()) + ": " +
+         bucket("<=" + std::to_string(sm90::kStreamRows), 0) + ", " +
+         bucket("<=" + std::to_string(sm90::kDenseRows), 1) + ", " + bucket("dense", 2) +
+         ", empty " + std::to_string(empty) + ", largest " + std::to_string(largest) +
+         "; impl=" + std::string(gemm_impl_name(impl));
+}
 
 DevicePlan::DevicePlan(const GroupPlan& plan, Stream s) : s_(s) {
   const size_t bytes = plan.offsets.size() * sizeof(int64_t);
@@ -1414,6 +1494,10 @@ Scratch::~Scratch() {
 void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
                       const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
                       int64_t N, bool accumulate, Stream s, const GemmOptions& o) {
+  // automatic sends wgrad to the sm90 kernel only where its TMA-store epilogue runs: a 16-bit
+  // gradient written, not accumulated.
+  const GemmImpl impl = resolve_gemm_impl(o.impl, role, plan, c_type == ab && !accumulate);
+  trace_product(bc.size() > 1 ? "products" : "product", role, plan, K, N, impl);
   const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
   const float beta = accumulate ? 1.0f : 0.0f;
   std::vector<Problem> ps, zero_k;
@@ -1430,9 +1514,7 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
     }
   }
   if (ps.empty()) return;
-  // automatic sends wgrad to the sm90 kernel only where its TMA-store epilogue runs: a 16-bit
-  // gradient written, not accumulated.
-  switch (resolve_gemm_impl(o.impl, role, plan, c_type == ab && !accumulate)) {
+  switch (impl) {
     case GemmImpl::grouped:
       return run_grouped(ps, tab, tc, beta, s);
     case GemmImpl::loop:
@@ -1477,6 +1559,7 @@ bool grouped_product_sum(GemmRole role, const GroupPlan& plan, DType ab, const v
   // split takes the sum whole on sm90: cuBLAS has no product of two operand pairs.
   const GemmImpl impl = resolve_pair_impl(o.impl, plan);
   if (impl != GemmImpl::sm90 && impl != GemmImpl::split) return false;
+  trace_product("pair", role, plan, K, N, impl);
   return run_sm90(role, plan, ab, a, {{b, c}}, c_type, K, N, false, nullptr, DType::f32, s,
                   {a2, b2});
 }

@@ -123,8 +123,9 @@ enum class GemmImpl : uint8_t {
               // 16-bit and not accumulated, and a sum of two products (the FFN's grad x) on it
               // where at least half are in groups of at most kAutoPairRows, and all of them
               // where the plan mixes streaming and dense groups (kAutoRidgeRows), when the kernel
-              // is available, except that fwd and dgrad of such a mixed plan run `split`; else
-              // `chunked` (see resolve_gemm_impl, resolve_pair_impl).
+              // is available, except that fwd and dgrad run `split` where the plan mixes them
+              // at a lower ratio (kAutoSplitFactor); else `chunked` (see resolve_gemm_impl,
+              // resolve_pair_impl).
 };
 // The group size up to which GemmImpl::automatic counts a group's rows as small (sm90): about the
 // H100's ridge (a group of n rows does n FLOPs per byte of its weight; the ridge is ~300), below
@@ -168,25 +169,41 @@ constexpr int64_t kAutoPairRows = kAutoWgradRows;
 // fwd+bwd -5%, +0.2%, +3.4% (fwd -13%, -6%, -2.5%; dgrad -5%, 0%, +6%; wgrad -2.5%, -4%, -2%); the
 // FFN's fwd+bwd -3.5%, -2%, -3.4%. `bench` deepseek_skewed: grouped_gemm fwd+bwd -7%, the FFN's
 // -5%. Since session 22 fwd and dgrad of such a plan run GemmImpl::split instead (each kind on
-// its own engine at once, kSplitClusters).
+// its own engine at once, kSplitRows).
 constexpr int64_t kAutoRidgeRows = 260;
-// GemmImpl::split's share of the SMs for its sm90 half: kSplitClusters clusters per kSplitSms SMs
-// (24 clusters, 48 of an H100's 132 SMs), and cuBLAS planned for the SMs left. Measured (H100,
-// session 22, GemmBench DeepSeek-like skewed forward, ms, docs/perf.md; cuBLAS planned for the
-// SMs left unless "all"): 12 clusters 5.60 (all), 16 4.38-4.48, 20 3.84, 24 3.61-3.70 (all:
-// 3.88-3.91), 28 3.84, 32 4.02 (all: 3.87), 40 4.74; the whole product on sm90 3.85-3.89 in the
-// same calls. Alone, the sm90 half took 3.64 ms on 16 clusters, 2.45 on 24, 1.97 on all 66, and
-// the cuBLAS half 2.34 ms.
-constexpr int kSplitClusters = 24, kSplitSms = 132;
-// split's share on a device of `sms` SMs: clusters for the sm90 half and the SM count cuBLAS plans
-// for (cublasSetSmCountTarget). MOE_GEMM_SPLIT (A/B): unset, empty or "auto" the rule above;
-// "off" clusters 0 (split then runs the product whole on sm90, as automatic did before split);
-// "c" c clusters, cuBLAS planned for the SMs left; "c,t" cuBLAS planned for t SMs (0: all);
-// anything else throws std::invalid_argument naming it. Read on every call.
+// fwd and dgrad run GemmImpl::split where that ratio is at least 1 / kAutoSplitFactor (which takes
+// in every plan the mixed rule above takes): split leaves the dense groups on cuBLAS, so it pays
+// where the streaming groups are fewer than sm90-as-a-whole needs. Measured (H100, session 23,
+// GemmBench chunked / split with split_share's clusters, two rounds, docs/perf.md), fwd, fwd+bwd
+// and the FFN's fwd+bwd: DeepSeek-like skewed, 128 experts (ratio 0.47): -16%, -4%, -4 to -5%;
+// 64 experts (0.21): -5 / +8%, +3 / +7%, -7 / -3%, so not split; the block's plan (moe_block
+// deepseek_like, `bench`: 69 streaming groups of 3804 rows beside 61732, 22 of them dense; 0.29):
+// fwd -4 to -5%, fwd+bwd -1 to -2%.
+constexpr int64_t kAutoSplitFactor = 4;
+// GemmImpl::split's share of the SMs for its sm90 half, chosen so that both halves end together:
+// c clusters stream the g streaming groups' weights (2 K N bytes each) at beta a cluster while
+// the SMs left, sms - 2 c, multiply the R other rows (2 K N FLOPs each) at phi an SM, so
+// g / (beta c) = R / (phi (sms - 2 c)), i.e. c = g L sms / (R + 2 g L) with L = phi / beta in rows
+// (K and N drop out). kSplitRows = L was calibrated once, on the share that measured best on the
+// DeepSeek-like skewed forward (H100, session 22, GemmBench ms, docs/perf.md; cuBLAS planned for
+// the SMs left unless "all": 12 clusters 5.60 (all), 16 4.38-4.48, 20 3.84, 24 3.61-3.70 (all:
+// 3.88-3.91), 28 3.84, 32 4.02 (all: 3.87), 40 4.74; the whole product on sm90 3.85-3.89): 203
+// groups beside 62219 rows at 24 clusters give L = 88 (phi ~6.0 TFLOP/s an SM, beta ~68 GB/s a
+// cluster while both run). It predicts 16 clusters for 128 experts (114 groups beside 62630
+// rows), where 16 measured best (session 23: 3.11-3.13 ms against 3.20-3.24 at 24 and 3.54-3.61
+// at 12), and 8 for 64 experts (52 beside 62936).
+constexpr int64_t kSplitRows = 88;
+// split's share on a device of `sms` SMs for a product whose streaming groups number
+// `streaming_groups` beside `other_rows` rows in the others: clusters for the sm90 half (at least
+// 1, at most what leaves cuBLAS one cluster's SMs) and the SM count cuBLAS plans for
+// (cublasSetSmCountTarget). MOE_GEMM_SPLIT (A/B): unset, empty or "auto" the rule above; "off"
+// clusters 0 (split then runs the product whole on sm90, as automatic did before split); "c" c
+// clusters, cuBLAS planned for the SMs left; "c,t" cuBLAS planned for t SMs (0: all); anything
+// else throws std::invalid_argument naming it. Read on every call.
 struct SplitShare {
   int clusters = 0, sm_target = 0;
 };
-SplitShare split_share(int sms);
+SplitShare split_share(int sms, int64_t streaming_groups, int64_t other_rows);
 std::string_view gemm_impl_name(GemmImpl impl);
 GemmImpl parse_gemm_impl(std::string_view s);  // throws std::invalid_argument naming impl
 // The default, chosen by the benchmark (tests/gpu/test_gemm_gpu.cpp, GemmBench): automatic, or
@@ -265,7 +282,8 @@ enum class GemmRole : uint8_t { fwd, dgrad, wgrad };
 // kAutoSm90Rows rows (fwd, dgrad) or kAutoWgradRows rows (wgrad, and only with
 // wgrad_tma_epilogue: a 16-bit gradient written, not accumulated), or the plan mixes
 // (auto_mixes_for_sm90; wgrad again only with wgrad_tma_epilogue), else chunked; fwd and dgrad
-// of a mixed plan are split instead of sm90. split itself resolves wgrad as automatic does.
+// run split instead where auto_splits (a wider rule than the mixed one). split itself resolves
+// wgrad as automatic does.
 GemmImpl resolve_gemm_impl(GemmImpl impl, GemmRole role, const GroupPlan& plan,
                            bool wgrad_tma_epilogue = false);
 // Whether at least half the plan's rows are in groups of at most max_rows rows (an empty plan
@@ -274,6 +292,9 @@ bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows = kAutoSm90Rows);
 // Whether the plan mixes streaming and dense groups enough for sm90 (kAutoRidgeRows): automatic's
 // second rule, for every role, without the availability of the kernel.
 bool auto_mixes_for_sm90(const GroupPlan& plan);
+// Whether fwd and dgrad of the plan run split under automatic (kAutoSplitFactor), without the
+// availability of the kernel: true wherever auto_mixes_for_sm90 is.
+bool auto_splits(const GroupPlan& plan);
 // The impl of a two-product sum (gemm_detail::grouped_product_sum): impl itself, except that
 // automatic becomes sm90 where sm90::available() and auto_prefers_sm90(plan, kAutoPairRows) or
 // auto_mixes_for_sm90(plan).
@@ -282,6 +303,12 @@ void dense_gemm(GemmRole role, const DeviceTensor& a, const DeviceTensor& b, Dev
                 Stream s = nullptr);
 
 namespace gemm_detail {
+
+// MOE_GEMM_TRACE's line for one product: what ("product", "products", "pair"), role, K x N, the
+// plan's groups and rows by size (streaming, up to sm90::kDenseRows, dense; empty; the largest)
+// and the impl it resolved to.
+std::string product_trace_line(const char* what, GemmRole role, const GroupPlan& plan, int64_t K,
+                               int64_t N, GemmImpl impl);
 
 // Plan offsets on the device (int64, G + 1 entries) for kernels that map a row to its group.
 class DevicePlan {

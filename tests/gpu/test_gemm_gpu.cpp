@@ -626,6 +626,47 @@ TEST(GemmImplDefault, Sm90HintsVariableIsParsedAndABadValueNamesIt) {
   }
 }
 
+// MOE_GEMM_TRACE=1 prints each distinct product once (role, shape, the plan's groups by size, the
+// impl it resolved to); a bad value throws before anything is issued. Host only: the printed
+// products' groups are all empty, so nothing is issued and no device is touched.
+TEST(GemmImplDefault, TraceNamesThePlanAndTheImplOnce) {
+  EXPECT_EQ(gpu::gemm_detail::product_trace_line(
+                "pair", gpu::GemmRole::fwd, gpu::make_group_plan({100, 0, 1025, 256, 257, 0}, 1700),
+                7168, 2048, gpu::GemmImpl::split),
+            "moe gemm: pair fwd K=7168 N=2048 rows=1638 groups=6: <=256 2 (356 rows), <=1024 1 "
+            "(257 rows), dense 1 (1025 rows), empty 2, largest 1025; impl=split");
+  const ScopedEnv env("MOE_GEMM_TRACE");
+  const gpu::GroupPlan plan = gpu::make_group_plan({0, 0, 0}, 0);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::chunked;
+  auto product = [&](int64_t n) {
+    gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, plan, DType::bf16, nullptr, nullptr,
+                                      DType::bf16, nullptr, 8, n, false, nullptr, o);
+  };
+  env.set("1");
+  ::testing::internal::CaptureStderr();
+  product(16);
+  product(16);
+  product(24);
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  const std::string groups =
+      " rows=0 groups=3: <=256 0 (0 rows), <=1024 0 (0 rows), dense 0 (0 rows), empty 3, largest "
+      "0; "
+      "impl=chunked\n";
+  EXPECT_EQ(out, "moe gemm: product dgrad K=8 N=16" + groups + "moe gemm: product dgrad K=8 N=24" +
+                     groups);
+  for (const char* off : {static_cast<const char*>(nullptr), "", "0"}) {
+    env.set(off);
+    ::testing::internal::CaptureStderr();
+    product(32);
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << (off ? off : "unset");
+  }
+  env.set("yes");
+  const std::string e = error_of([&] { product(16); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_GEMM_TRACE"));
+  EXPECT_THAT(e, ::testing::HasSubstr("'yes'"));
+}
+
 // The sm90 kernel folds a group's tail (gpu/grouped_gemm_sm90.cuh, folds_tail) only where the
 // N-pair entries it saves are at least a tenth of the table (fold_tail_pays), since the folding
 // kernel is slower on every entry. Host only: the shapes of the benchmark cases, the boundary
@@ -1051,8 +1092,8 @@ std::vector<int64_t> tile_starts(const std::vector<int64_t>& sizes, int64_t nc) 
   return start;
 }
 
-// The group sizes, and what automatic's mixed-plan rule weighs (auto_mixes_for_sm90): the
-// streaming groups (at most sm90::kStreamRows rows) and the rows of the others.
+// The group sizes, and what automatic's mixed-plan rules weigh (auto_mixes_for_sm90, auto_splits):
+// the streaming groups (at most sm90::kStreamRows rows) and the rows of the others.
 std::string skew_summary(const gpu::GroupPlan& p) {
   int64_t mx = 0, empty = 0, streaming = 0, other_rows = 0;
   for (int64_t v : p.sizes) {
@@ -1064,7 +1105,8 @@ std::string skew_summary(const gpu::GroupPlan& p) {
   return "largest group " + std::to_string(mx) + " rows, " + std::to_string(empty) + " empty, " +
          std::to_string(streaming) + " of <= " + std::to_string(gpu::sm90::kStreamRows) +
          " rows beside " + std::to_string(other_rows) +
-         " rows in the others (auto mixes: " + (gpu::auto_mixes_for_sm90(p) ? "yes" : "no") + ")";
+         " rows in the others (auto mixes: " + (gpu::auto_mixes_for_sm90(p) ? "yes" : "no") +
+         ", splits: " + (gpu::auto_splits(p) ? "yes" : "no") + ")";
 }
 
 }  // namespace
@@ -1131,15 +1173,41 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
         << e << " experts";
   for (const Regime r : {Regime::uniform, Regime::skewed})
     EXPECT_FALSE(gpu::auto_mixes_for_sm90(bench_plan({"m", 16384, 2, 0, 0, 8, r})));
-  // fwd and dgrad of a mixed plan are split (the streaming groups on sm90 beside cuBLAS); wgrad
-  // runs whole on sm90, as does split's own wgrad.
+  // fwd and dgrad are split (the streaming groups on sm90 beside cuBLAS) where the ratio is at
+  // least a quarter: 4 x 260 x (streaming groups) >= (other rows); every mixed plan, and more.
+  EXPECT_EQ(gpu::kAutoSplitFactor, 4);
+  const gpu::GroupPlan split_at = gpu::make_group_plan({2080, 0, 256, 1}, 2400);
+  const gpu::GroupPlan split_above = gpu::make_group_plan({2081, 0, 256, 1}, 2400);
+  EXPECT_TRUE(gpu::auto_splits(mix_at));
+  EXPECT_TRUE(gpu::auto_splits(mix_above));
+  EXPECT_TRUE(gpu::auto_splits(split_at));
+  EXPECT_FALSE(gpu::auto_splits(split_above));
+  EXPECT_FALSE(gpu::auto_mixes_for_sm90(split_at));
+  EXPECT_FALSE(gpu::auto_splits(gpu::make_group_plan({1024, 256, 256, 256}, 1800)));
+  EXPECT_FALSE(gpu::auto_splits(gpu::make_group_plan({2000, 0, 0}, 2000)));
+  EXPECT_FALSE(gpu::auto_splits(empty));
+  // GemmBench's DeepSeek-like skewed shapes: 256 and 128 experts split, 64 do not (52 streaming
+  // groups beside 62936 rows); the Mixtral-like ones have no streaming group, the DeepSeek-like
+  // uniform one no dense group.
+  EXPECT_TRUE(gpu::auto_splits(ds_plan(Regime::skewed)));
+  EXPECT_TRUE(gpu::auto_splits(bench_plan({"e", 8192, 8, 0, 0, 128, Regime::skewed})));
+  EXPECT_FALSE(gpu::auto_splits(bench_plan({"e", 8192, 8, 0, 0, 64, Regime::skewed})));
+  for (const Regime r : {Regime::uniform, Regime::skewed})
+    EXPECT_FALSE(gpu::auto_splits(bench_plan({"m", 16384, 2, 0, 0, 8, r})));
+  EXPECT_FALSE(gpu::auto_splits(ds_plan(Regime::uniform)));  // no dense group
   const GemmImpl mixed = gpu::sm90::available() ? GemmImpl::split : GemmImpl::chunked;
   for (const GemmRole role : {GemmRole::fwd, GemmRole::dgrad}) {
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, ds_plan(Regime::skewed)), mixed);
     EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_at), mixed);
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_above), GemmImpl::chunked);
-    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::split, role, mix_above), GemmImpl::split);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, mix_above), mixed);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, split_at), mixed);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, role, split_above), GemmImpl::chunked);
+    EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::split, role, split_above), GemmImpl::split);
   }
+  // wgrad and the pair keep the mixed rule: split_at is not mixed, so they stay on chunked.
+  EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, split_at, true),
+            GemmImpl::chunked);
+  EXPECT_EQ(gpu::resolve_pair_impl(GemmImpl::automatic, split_at), GemmImpl::chunked);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, mix_at, true), small);
   EXPECT_EQ(gpu::resolve_gemm_impl(GemmImpl::automatic, GemmRole::wgrad, mix_at, false),
             GemmImpl::chunked);
@@ -1194,37 +1262,50 @@ TEST(GemmImplDefault, AutoPicksSm90WhereMostRowsAreInSmallGroups) {
   EXPECT_EQ(gpu::parse_gemm_impl("split"), GemmImpl::split);
 }
 
-// GemmImpl::split's share of the SMs (split_share): 24 clusters (48 SMs) of an H100's 132, cuBLAS
-// planned for the 84 left, scaled to other SM counts; MOE_GEMM_SPLIT forces the clusters (cuBLAS
-// then planned for the SMs left) or both, or turns the split off (0 clusters); a bad value throws
-// naming the variable. Host only.
-TEST(GemmImplDefault, SplitShareFollowsTheSmCountAndTheVariable) {
+// GemmImpl::split's share of the SMs (split_share): the clusters that make both halves end
+// together, c = g L sms / (R + 2 g L) rounded (L = kSplitRows): on an H100's 132 SMs 24 for the
+// DeepSeek-like skewed plan (203 streaming groups beside 62219 rows: the calibration), 16 for 128
+// experts (114 beside 62630), 8 for 64 (52 beside 62936); half as many on 66 SMs; cuBLAS planned
+// for the SMs left; at least one cluster, and cuBLAS always keeps a cluster's SMs. MOE_GEMM_SPLIT
+// forces the clusters (cuBLAS then planned for the SMs left) or both, or turns the split off (0
+// clusters); a bad value throws naming the variable. Host only.
+TEST(GemmImplDefault, SplitShareBalancesTheHalvesAndFollowsTheVariable) {
   const ScopedEnv env("MOE_GEMM_SPLIT");
   EXPECT_EQ(gpu::sm90::kClusterSize, 2);
+  EXPECT_EQ(gpu::kSplitRows, 88);
   for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
     env.set(v);
-    const gpu::SplitShare h100 = gpu::split_share(132);
-    EXPECT_EQ(h100.clusters, 24);
-    EXPECT_EQ(h100.sm_target, 84);
-    const gpu::SplitShare small = gpu::split_share(66);
+    const gpu::SplitShare ds = gpu::split_share(132, 203, 62219);
+    EXPECT_EQ(ds.clusters, 24);
+    EXPECT_EQ(ds.sm_target, 84);
+    EXPECT_EQ(gpu::split_share(132, 114, 62630).clusters, 16);
+    EXPECT_EQ(gpu::split_share(132, 114, 62630).sm_target, 100);
+    EXPECT_EQ(gpu::split_share(132, 52, 62936).clusters, 8);
+    const gpu::SplitShare small = gpu::split_share(66, 203, 62219);
     EXPECT_EQ(small.clusters, 12);
     EXPECT_EQ(small.sm_target, 42);
-    const gpu::SplitShare tiny = gpu::split_share(2);  // never 0 clusters, never 0 SMs for cuBLAS
+    // The limits: nearly all streaming (cuBLAS keeps one cluster's SMs), nearly none (one cluster).
+    const gpu::SplitShare most = gpu::split_share(132, 1000, 1);
+    EXPECT_EQ(most.clusters, 65);
+    EXPECT_EQ(most.sm_target, 2);
+    EXPECT_EQ(gpu::split_share(132, 1, 1000000).clusters, 1);
+    EXPECT_EQ(gpu::split_share(132, 0, 0).clusters, 1);
+    const gpu::SplitShare tiny = gpu::split_share(2, 203, 62219);  // never 0 SMs for cuBLAS
     EXPECT_EQ(tiny.clusters, 1);
     EXPECT_EQ(tiny.sm_target, 1);
   }
   env.set("off");
-  EXPECT_EQ(gpu::split_share(132).clusters, 0);
+  EXPECT_EQ(gpu::split_share(132, 203, 62219).clusters, 0);
   env.set("16");
-  EXPECT_EQ(gpu::split_share(132).clusters, 16);
-  EXPECT_EQ(gpu::split_share(132).sm_target, 100);
+  EXPECT_EQ(gpu::split_share(132, 203, 62219).clusters, 16);
+  EXPECT_EQ(gpu::split_share(132, 203, 62219).sm_target, 100);
   env.set("20,0");
-  EXPECT_EQ(gpu::split_share(132).clusters, 20);
-  EXPECT_EQ(gpu::split_share(132).sm_target, 0);
+  EXPECT_EQ(gpu::split_share(132, 203, 62219).clusters, 20);
+  EXPECT_EQ(gpu::split_share(132, 203, 62219).sm_target, 0);
   for (const char* bad : {"0", "-3", "x", "16,", "16,-1", "16,84,1", "16x", "Off"}) {
     env.set(bad);
     try {
-      gpu::split_share(132);
+      gpu::split_share(132, 203, 62219);
       ADD_FAILURE() << "no throw for '" << bad << "'";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("MOE_GEMM_SPLIT"), std::string::npos) << e.what();

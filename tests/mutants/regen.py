@@ -397,15 +397,29 @@ M = [
      "the first two 4-byte words of each piece swapped, so columns 8 j + 0..1 and 8 j + 2..3 trade "
      "places (the unhinted store is right, so only tests that run the hinted one can see it)"),
     ("082", "auto_mix_ridge_boundary", "edge-size", "gpu/grouped_gemm.cu", 1,
-     "return dense && streaming > 0 && 2 * streaming * kAutoRidgeRows >= other_rows;",
-     "return dense && streaming > 0 && 2 * streaming * kAutoRidgeRows > other_rows;",
-     "automatic's mixed-plan rule: a plan whose streaming groups' weights take exactly half as "
-     "long as the other groups' products stays on chunked (the host test's boundary plan)"),
+     "return dense && streaming > 0 && factor * streaming * kAutoRidgeRows >= other_rows;",
+     "return dense && streaming > 0 && factor * streaming * kAutoRidgeRows > other_rows;",
+     "automatic's mixed-plan rules: a plan whose streaming groups' weights take exactly half (a "
+     "quarter, for split) as long as the other groups' products stays on chunked (the host "
+     "test's boundary plans)"),
     ("083", "split_share_one_sm_per_cluster", "edge-size", "gpu/grouped_gemm.cu", 1,
      "r.sm_target = std::max(1, sms - sm90::kClusterSize * r.clusters);",
      "r.sm_target = std::max(1, sms - r.clusters);",
      "GemmImpl::split: cuBLAS is planned for the SMs left as if each sm90 cluster held one SM, not "
      "two (a performance rule; caught by the host test of split_share)"),
+    # ---- gpu/: added in session 23 -----------------------------------------------------------
+    ("084", "split_share_balance_one_sm_per_cluster", "edge-size", "gpu/grouped_gemm.cu", 1,
+     "const double c = g * kSplitRows * sms / (rows + 2.0 * g * kSplitRows);",
+     "const double c = g * kSplitRows * sms / (rows + g * kSplitRows);",
+     "GemmImpl::split's balance takes one SM from cuBLAS per sm90 cluster, not two, so the sm90 "
+     "half gets more clusters than balance needs (29 instead of 24 on the DeepSeek-like skewed "
+     "plan; a performance rule; caught by the host test of split_share)"),
+    ("085", "auto_splits_at_the_mixed_ratio", "edge-size", "gpu/grouped_gemm.cu", 1,
+     "return mixes_at_least(plan, kAutoSplitFactor);",
+     "return mixes_at_least(plan, 2);",
+     "automatic splits fwd and dgrad only where the plan is mixed (ratio 1/2), not from 1/4: the "
+     "128-expert skewed plan and the block's stay on chunked (a performance rule; caught by the "
+     "host test of the rule)"),
 ]
 
 
