@@ -79,6 +79,8 @@ case $family in
     default+=":Sm90GemmGpu.RandomShapesRunOnTheKernelAndMatchTheReference:GemmGpuErrors.*"
     default+=":Sm90GemmGpu.WgradMatchesTheFp64SumsEverywhere"
     default+=":Sm90GemmGpu.EveryPairingMatchesTheFp64SumsEverywhere"
+    # split: the sm90 kernel on a high-priority stream beside cuBLAS, joined by an event.
+    default+=":Sm90GemmGpu.SplitMatchesTheFp64SumsEverywhere"
     default+=$(registry '*' "grouped_gemm swiglu_expert_ffn")
     rc_params="seed=20261122 max_success=4 max_size=8" ;;
   block)
