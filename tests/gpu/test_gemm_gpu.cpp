@@ -1067,6 +1067,27 @@ gpu::DeviceTensor filled(const Shape& s, uint64_t seed) {
   return t;
 }
 
+// The operands of the sm90 A/B tests: the plan of these group sizes (`used` rows) with `tail` rows
+// past them (R rows in all, G groups), and x [R, K], w [G, K, N], ct [R, N] filled() from kSeedX,
+// kSeedW and kSeedCt.
+struct Operands {
+  int64_t used, R, G;
+  gpu::GroupPlan plan;
+  gpu::DeviceTensor x, w, ct;
+};
+Operands operands(const std::vector<int64_t>& sizes, int64_t tail, int64_t K, int64_t N) {
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + tail, G = static_cast<int64_t>(sizes.size());
+  return {used,
+          R,
+          G,
+          gpu::make_group_plan(sizes, R),
+          filled({R, K}, kSeedX),
+          filled({G, K, N}, kSeedW),
+          filled({R, N}, kSeedCt)};
+}
+
 // One forward and one backward of grouped_gemm on bf16 operands with options o; the forward's
 // output and grad_x, downloaded. `kernel_calls`: how many products ran on the sm90 kernel.
 std::pair<Tensor, Tensor> fwd_and_dgrad(const gpu::DeviceTensor& x, const gpu::DeviceTensor& w,
@@ -1432,12 +1453,8 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv tail("MOE_SM90_TAIL");
   const std::vector<int64_t> sizes = {1, 64, 65, 128, 129, 200, 0, 256, 257, 300, 384, 385, 545};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 7, K = 256, N = 520, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  const int64_t K = 256, N = 520;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   // Unset (auto) must run the folding kernel here: fwd saves 6 entries of 46, dgrad 3 of 18.
@@ -1514,12 +1531,8 @@ TEST(Sm90GemmGpu, BandedWalkMatchesTheColumnWalkBitwise) {
   const ScopedEnv band_env("MOE_SM90_BAND"), tail_env("MOE_SM90_TAIL");
   tail_env.set("fold");
   const std::vector<int64_t> sizes = {2900, 0, 700, 1537, 5};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 3, K = 256, N = 1032, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  const int64_t K = 256, N = 1032;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 3, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
@@ -1554,14 +1567,10 @@ TEST(Sm90GemmGpu, MixedDrawOrderMatchesTheTableOrderBitwise) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv mix_env("MOE_SM90_MIX"), sched_env("MOE_SM90_SCHED");
   const std::vector<int64_t> sizes = {1500, 3, 200, 0, 2100, 129, 64, 1100, 70, 300};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 9, K = 256, N = 1032, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const int64_t K = 256, N = 1032;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 9, K, N);
   ASSERT_FALSE(gpu::sm90::mixed_order(sizes.data(), tile_starts(sizes, N).data(), G).empty())
       << "both kinds";
-  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
@@ -1602,12 +1611,8 @@ TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv store_env("MOE_SM90_STORE"), hints_env("MOE_SM90_HINTS");
   const std::vector<int64_t> sizes = {1, 7, 64, 65, 100, 128, 129, 200, 0, 256, 257, 300, 385, 545};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 7, K = 136, N = 520, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  const int64_t K = 136, N = 520;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
@@ -1649,12 +1654,8 @@ TEST(Sm90GemmGpu, FoldedTailsAddTheBiasAndAccumulate) {
   tail.set("fold");
   constexpr uint64_t kSeedBias = 31, kSeedC = 37;
   const std::vector<int64_t> sizes = {257, 100, 300, 545};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 5, K = 256, N = 520, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  const int64_t K = 256, N = 520;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 5, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   Sampler s{plan, K, N, {}};
@@ -1823,12 +1824,8 @@ TEST(Sm90GemmGpu, SplitMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv env("MOE_GEMM_SPLIT");
   const std::vector<int64_t> sizes = {1500, 3, 200, 0, 1100, 129, 64, 256, 70, 300, 257};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 9, K = 256, N = 264, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  const gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+  const int64_t K = 256, N = 264;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 9, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::split;
   o.poison = true;
