@@ -1052,7 +1052,7 @@ SplitShare split_share(int sms, int64_t streaming_groups, int64_t other_rows) {
                                   e + "'");
     if (both) return r;
   } else {
-    // Rounded to the nearest; in doubles, since g L sms overflows nothing there.
+    // In doubles (no overflow to mind), rounded to the nearest.
     const double g = static_cast<double>(std::max<int64_t>(streaming_groups, 0));
     const double rows = static_cast<double>(std::max<int64_t>(other_rows, 0));
     const double c = g * kSplitRows * sms / (rows + 2.0 * g * kSplitRows);
