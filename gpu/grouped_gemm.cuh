@@ -306,8 +306,8 @@ namespace gemm_detail {
 
 // MOE_GEMM_TRACE's line for one product: what ("product", "products", "pair"), role, K x N, the
 // plan's groups and rows by size (streaming, up to sm90::kDenseRows, dense; empty; the largest)
-// and the impl it resolved to (sm90 and split still run as chunked where the kernel cannot take
-// the product: unaligned pointers, a non-sm90 GPU).
+// and the impl it resolved to (sm90 and split still fall back to chunked, or to streams on
+// unaligned pointers, where the kernel cannot take the product).
 std::string product_trace_line(const char* what, GemmRole role, const GroupPlan& plan, int64_t K,
                                int64_t N, GemmImpl impl);
 
