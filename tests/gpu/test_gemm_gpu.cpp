@@ -650,9 +650,8 @@ TEST(GemmImplDefault, TraceNamesThePlanAndTheImplOnce) {
   product(24);
   const std::string out = ::testing::internal::GetCapturedStderr();
   const std::string groups =
-      " rows=0 groups=3: <=256 0 (0 rows), <=1024 0 (0 rows), dense 0 (0 rows), empty 3, largest "
-      "0; "
-      "impl=chunked\n";
+      " rows=0 groups=3: <=256 0 (0 rows), <=1024 0 (0 rows), dense 0 (0 rows), empty 3, "
+      "largest 0; impl=chunked\n";
   EXPECT_EQ(out, "moe gemm: product dgrad K=8 N=16" + groups + "moe gemm: product dgrad K=8 N=24" +
                      groups);
   for (const char* off : {static_cast<const char*>(nullptr), "", "0"}) {
