@@ -643,21 +643,24 @@ TEST(GemmImplDefault, TraceNamesThePlanAndTheImplOnce) {
     gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, plan, DType::bf16, nullptr, nullptr,
                                       DType::bf16, nullptr, 8, n, false, nullptr, o);
   };
+  // Shapes of their own on every run of this test: a line is printed once per process.
+  static int64_t run = 0;
+  const int64_t n = 64 * ++run;
   env.set("1");
   ::testing::internal::CaptureStderr();
-  product(16);
-  product(16);
-  product(24);
+  product(n);
+  product(n);
+  product(n + 8);
   const std::string out = ::testing::internal::GetCapturedStderr();
   const std::string groups =
       " rows=0 groups=3: <=256 0 (0 rows), <=1024 0 (0 rows), dense 0 (0 rows), empty 3, "
       "largest 0; impl=chunked\n";
-  EXPECT_EQ(out, "moe gemm: product dgrad K=8 N=16" + groups + "moe gemm: product dgrad K=8 N=24" +
-                     groups);
+  EXPECT_EQ(out, "moe gemm: product dgrad K=8 N=" + std::to_string(n) + groups +
+                     "moe gemm: product dgrad K=8 N=" + std::to_string(n + 8) + groups);
   for (const char* off : {static_cast<const char*>(nullptr), "", "0"}) {
     env.set(off);
     ::testing::internal::CaptureStderr();
-    product(32);
+    product(n + 16);
     EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << (off ? off : "unset");
   }
   env.set("yes");
