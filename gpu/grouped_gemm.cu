@@ -403,19 +403,15 @@ void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataTyp
 }
 
 void run_loop(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
-              Stream s) {
-  cublasHandle_t h = blas_for(s);
+              Stream s, int sm_target = 0) {
+  cublasHandle_t h = blas_for(s, sm_target);
   for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta);
 }
 
 // Round-robin over `count` forked streams.
 void run_streams(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataType_t tc, float beta,
                  Stream s, int count, int sm_target = 0) {
-  if (ps.size() <= 1 || count <= 1) {
-    cublasHandle_t h = blas_for(s, sm_target);
-    for (const Problem& p : ps) gemm_ex(h, p, tab, tc, beta);
-    return;
-  }
+  if (ps.size() <= 1 || count <= 1) return run_loop(ps, tab, tc, beta, s, sm_target);
   Fork f(count, static_cast<int>(std::min<size_t>(ps.size(), count)), s);
   for (size_t j = 0; j < ps.size(); ++j) {
     const Stream st = f[static_cast<int>(j % count)];
@@ -1306,22 +1302,33 @@ bool auto_prefers_sm90(const GroupPlan& plan, int64_t max_rows) {
 }
 
 namespace {
-// Whether the plan has a dense group (above sm90::kDenseRows) and streaming ones (at most
-// sm90::kStreamRows) whose weights take at least 1 / factor as long to stream as the others'
-// products at the dense rate: factor x (streaming groups) x kAutoRidgeRows >= (other rows).
-bool mixes_at_least(const GroupPlan& plan, int64_t factor) {
-  int64_t streaming = 0, other_rows = 0;
-  bool dense = false;
+// A plan's non-empty groups by kind: 0 streaming (at most sm90::kStreamRows rows), 1 up to
+// sm90::kDenseRows, 2 dense; their counts and rows, the empty groups and the largest.
+struct PlanKinds {
+  int64_t count[3] = {0, 0, 0}, rows[3] = {0, 0, 0}, empty = 0, largest = 0;
+};
+PlanKinds plan_kinds(const GroupPlan& plan) {
+  PlanKinds k;
   for (const int64_t n : plan.sizes) {
-    if (n == 0) continue;
-    if (n <= sm90::kStreamRows) {
-      ++streaming;
-    } else {
-      other_rows += n;
-      dense |= n > sm90::kDenseRows;
+    k.largest = std::max(k.largest, n);
+    if (n == 0) {
+      ++k.empty;
+      continue;
     }
+    const int i = n <= sm90::kStreamRows ? 0 : n <= sm90::kDenseRows ? 1 : 2;
+    ++k.count[i];
+    k.rows[i] += n;
   }
-  return dense && streaming > 0 && factor * streaming * kAutoRidgeRows >= other_rows;
+  return k;
+}
+
+// Whether the plan has a dense group and streaming ones whose weights take at least 1 / factor
+// as long to stream as the others' products at the dense rate: factor x (streaming groups) x
+// kAutoRidgeRows >= (other rows).
+bool mixes_at_least(const GroupPlan& plan, int64_t factor) {
+  const PlanKinds k = plan_kinds(plan);
+  const int64_t streaming = k.count[0], other_rows = k.rows[1] + k.rows[2];
+  return k.count[2] > 0 && streaming > 0 && factor * streaming * kAutoRidgeRows >= other_rows;
 }
 }  // namespace
 
@@ -1448,28 +1455,17 @@ namespace gemm_detail {
 
 std::string product_trace_line(const char* what, GemmRole role, const GroupPlan& plan, int64_t K,
                                int64_t N, GemmImpl impl) {
-  // Groups (and their rows) by size: streaming (<= sm90::kStreamRows), up to the dense bound,
-  // dense; and the empty ones.
-  int64_t empty = 0, largest = 0, count[3] = {0, 0, 0}, rows[3] = {0, 0, 0};
-  for (const int64_t n : plan.sizes) {
-    largest = std::max(largest, n);
-    if (n == 0) {
-      ++empty;
-      continue;
-    }
-    const int k = n <= sm90::kStreamRows ? 0 : n <= sm90::kDenseRows ? 1 : 2;
-    ++count[k];
-    rows[k] += n;
-  }
+  const PlanKinds kinds = plan_kinds(plan);
   auto bucket = [&](const std::string& name, int k) {
-    return name + " " + std::to_string(count[k]) + " (" + std::to_string(rows[k]) + " rows)";
+    return name + " " + std::to_string(kinds.count[k]) + " (" + std::to_string(kinds.rows[k]) +
+           " rows)";
   };
   return std::string("moe gemm: ") + what + " " + role_name(role) + " K=" + std::to_string(K) +
          " N=" + std::to_string(N) + " rows=" + std::to_string(plan.used) +
          " groups=" + std::to_string(plan.groups()) + ": " +
          bucket("<=" + std::to_string(sm90::kStreamRows), 0) + ", " +
          bucket("<=" + std::to_string(sm90::kDenseRows), 1) + ", " + bucket("dense", 2) +
-         ", empty " + std::to_string(empty) + ", largest " + std::to_string(largest) +
+         ", empty " + std::to_string(kinds.empty) + ", largest " + std::to_string(kinds.largest) +
          "; impl=" + std::string(gemm_impl_name(impl));
 }
 

@@ -397,8 +397,8 @@ M = [
      "the first two 4-byte words of each piece swapped, so columns 8 j + 0..1 and 8 j + 2..3 trade "
      "places (the unhinted store is right, so only tests that run the hinted one can see it)"),
     ("082", "auto_mix_ridge_boundary", "edge-size", "gpu/grouped_gemm.cu", 1,
-     "return dense && streaming > 0 && factor * streaming * kAutoRidgeRows >= other_rows;",
-     "return dense && streaming > 0 && factor * streaming * kAutoRidgeRows > other_rows;",
+     "return k.count[2] > 0 && streaming > 0 && factor * streaming * kAutoRidgeRows >= other_rows;",
+     "return k.count[2] > 0 && streaming > 0 && factor * streaming * kAutoRidgeRows > other_rows;",
      "automatic's mixed-plan rules: a plan whose streaming groups' weights take exactly half (a "
      "quarter, for split) as long as the other groups' products stays on chunked (the host "
      "test's boundary plans)"),
