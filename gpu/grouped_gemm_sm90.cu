@@ -609,49 +609,77 @@ __device__ __forceinline__ void warpgroup_sync(int cw) {
 // once to TC (16-bit), to c[g] rows [i, i + 64) and columns [n0, n0 + 256), in two halves through
 // buf (kOutBoxes 64 x 64 boxes, 128-byte swizzled: row r's 16-byte chunk q at r * 128 +
 // 16 (q ^ r % 8), so the fragment's writes, eight rows to the same columns, fall in distinct
-// banks). Per half, the warpgroup's first thread waits until the stores issued before have read
-// buf, and issues the half's once every thread's writes are visible to the async proxy; the last
-// half's stores run while the warpgroup computes the next tile. Same values as store_block: one
-// rounding of acc.
+// banks). The block is first rounded into 64 packed pairs (pack_block: same values as
+// store_block, one rounding of acc), then each half is written by store_half_tma: the
+// warpgroup's first thread waits until the stores issued before have read buf, and issues the
+// half's once every thread's writes are visible to the async proxy. Either both halves follow
+// the products at once (store_block_tma), or (deferred, kDefer) they are written while the next
+// tile's products run: the packed pairs are not the accumulators, so the warps may write them
+// to shared memory between a k-block's commit and its wait.
+template <class TC>
+__device__ __forceinline__ void pack_block(const float (&acc)[128], uint32_t (&packed)[64]) {
+  static_assert(sizeof(TC) == 2, "16-bit c");
+#pragma unroll
+  for (int q = 0; q < 64; ++q) {
+    TC pair[2];
+    store2(pair, acc[2 * q], acc[2 * q + 1]);
+    packed[q] = *reinterpret_cast<const uint32_t*>(pair);
+  }
+}
+
+// Where a deferred (or immediate) block goes: c[g] rows [i, i + 64), columns [n0, n0 + 64 boxes).
+struct OutBlock {
+  int g, i, n0, boxes;  // boxes: 64-column boxes below Nc (0: nothing to store)
+};
+
+template <int kHalf>
+__device__ __forceinline__ void store_half_tma(const CUtensorMap* map, uint8_t* buf, int cw,
+                                               const OutBlock& o, const uint32_t (&packed)[64],
+                                               int hint, uint64_t pol) {
+  constexpr int b0 = kHalf * kOutBoxes;
+  if (b0 >= o.boxes) return;
+  const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
+  const uint32_t base = smem_addr(buf);
+  // The stores issued last (the previous half, or the previous tile's) are done reading buf.
+  if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  warpgroup_sync(cw);
+#pragma unroll
+  for (int jj = 0; jj < kOutBoxes * 8; ++jj) {
+    const int j = b0 * 8 + jj;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + lane / 4 + 8 * h;
+      const uint32_t at =
+          base + (jj / 8) * kOutBox + r * 128 + (((jj % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
+      // acc[4 j + 2 h], acc[4 j + 2 h + 1] (pack_block's pair 2 j + h)
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(packed[2 * j + h]) : "memory");
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  warpgroup_sync(cw);
+  if (t == 0) {
+    for (int b = b0; b < b0 + kOutBoxes && b < o.boxes; ++b)
+      tma_store_3d(map, buf + (b - b0) * kOutBox, o.n0 + 64 * b, o.i, o.g, hint, pol);
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+}
+
+__device__ __forceinline__ OutBlock out_block(int g, int64_t i, int n0, int64_t nc) {
+  return {g, static_cast<int>(i), n0,
+          static_cast<int>(min(static_cast<int64_t>(4), (nc - n0 + 63) / 64))};
+}
+
 template <class TC>
 __device__ __forceinline__ void store_block_tma(const CUtensorMap* map, uint8_t* buf, int cw, int g,
                                                 int64_t i, int n0, int64_t nc,
                                                 const float (&acc)[128], int hint) {
-  static_assert(sizeof(TC) == 2, "16-bit c");
+  static_assert(4 / kOutBoxes == 2, "two halves");
   const uint64_t pol = hint ? l2_policy(hint) : 0;
-  const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
-  const uint32_t base = smem_addr(buf);
-  const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (nc - n0 + 63) / 64));
-#pragma unroll
-  for (int half = 0; half < 4 / kOutBoxes; ++half) {
-    const int b0 = half * kOutBoxes;
-    if (b0 >= boxes) break;
-    // The stores issued last (the previous half, or the previous tile's) are done reading buf.
-    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-    warpgroup_sync(cw);
-#pragma unroll
-    for (int jj = 0; jj < kOutBoxes * 8; ++jj) {
-      const int j = b0 * 8 + jj;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + lane / 4 + 8 * h;
-        const uint32_t at =
-            base + (jj / 8) * kOutBox + r * 128 + (((jj % 8) ^ (r % 8)) << 4) + 4 * (lane % 4);
-        TC pair[2];
-        store2(pair, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(at),
-                     "r"(*reinterpret_cast<const uint32_t*>(pair))
-                     : "memory");
-      }
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    warpgroup_sync(cw);
-    if (t == 0) {
-      for (int b = b0; b < b0 + kOutBoxes && b < boxes; ++b)
-        tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g, hint, pol);
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    }
-  }
+  uint32_t packed[64];
+  pack_block<TC>(acc, packed);
+  const OutBlock o = out_block(g, i, n0, nc);
+  store_half_tma<0>(map, buf, cw, o, packed, hint, pol);
+  store_half_tma<1>(map, buf, cw, o, packed, hint, pol);
 }
 
 // The forward / dgrad tile's block of consumer warpgroup cw: rows past the group's end and
@@ -727,10 +755,11 @@ __device__ __forceinline__ void store_tile(const KParams& p, const Tile& tl, int
 // The stage loop of every consumer warpgroup: for each of k_blocks stages, wait for it, and
 // (kActive) issue its products (mma(s), between the fence and the commit) and wait for the previous
 // block's; release the previous stage to the producers of both CTAs (the peer's multicast writes
-// this CTA's copy). `it` counts stages across tiles.
-template <bool kActive, class Mma>
+// this CTA's copy). `it` counts stages across tiles. between(kb) runs after block kb's products
+// are committed, while they run (work that touches no accumulator: the deferred epilogue).
+template <bool kActive, class Mma, class Between>
 __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, int k_blocks,
-                                               int& it, Mma&& mma) {
+                                               int& it, Mma&& mma, Between&& between) {
   const int lane = threadIdx.x % 32;
   int prev = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -740,6 +769,7 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
       wgmma_fence();
       mma(s);
       wgmma_commit();
+      between(kb);
       wgmma_wait<1>();  // the previous k-block's products are done: release its stage
     }
     if (prev >= 0 && lane == 0)
@@ -749,6 +779,12 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
   if constexpr (kActive) wgmma_wait<0>();
   if (prev >= 0 && lane == 0)
     for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[prev], c);
+}
+
+template <bool kActive, class Mma>
+__device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, int k_blocks,
+                                               int& it, Mma&& mma) {
+  consume_stages<kActive>(full, empty, k_blocks, it, mma, [](int) {});
 }
 
 // One forward / dgrad tile for one consumer warpgroup (consume_stages): its 64 rows of the stage's
@@ -830,19 +866,23 @@ __device__ __forceinline__ Pipe init_pipe(uint8_t* smem_raw, int stage_bytes) {
 // group (rows past its end zero-filled by TMA). Stage: a_g's columns [i0, i0 + 64) and
 // [i0 + 64, i0 + 128) (one box per warpgroup), then b_g's four 64-column boxes; both operands
 // MN-major.
-template <class T, bool kActive>
+template <class T, bool kActive, class Between>
 __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                               int cw, int k_blocks, int& it, float (&acc)[128]) {
-  consume_stages<kActive>(full, empty, k_blocks, it, [&](int s) {
-    uint8_t* stage = smem + s * kStageBytes;
-    const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
+                                               int cw, int k_blocks, int& it, float (&acc)[128],
+                                               Between&& between) {
+  consume_stages<kActive>(
+      full, empty, k_blocks, it,
+      [&](int s) {
+        uint8_t* stage = smem + s * kStageBytes;
+        const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
-      const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
-      wgmma_m64n256k16<T, 1, 1>(acc, da, db);
-    }
-  });
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
+          const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
+          wgmma_m64n256k16<T, 1, 1>(acc, da, db);
+        }
+      },
+      between);
 }
 
 #endif  // MOE_SM90_KERNEL
@@ -997,8 +1037,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 // column tile (decode_w), its k-loop the group's rows. Static schedule (cluster c takes entries
 // c, c + clusters, ...): the forward's dynamic one measured slower here, 6.2-6.5 against
 // 5.0-5.5 ms on the DeepSeek-like wgrad (docs/perf.md, session 13). kTma: the asynchronous
-// epilogue (store_block_tma; tm_c maps c), else the one through the warps' stores.
-template <class T, class TC, bool kTma>
+// epilogue (store_block_tma; tm_c maps c), else the one through the warps' stores. kDefer (with
+// kTma): each tile's block is written while the next tile's products run (pack_block).
+template <class T, class TC, bool kTma, bool kDefer>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     grouped_cols_kernel(const __grid_constant__ CUtensorMap tm_c,
                         const __grid_constant__ WParams p) {
@@ -1057,6 +1098,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     uint8_t* stage_out = kTma ? pipe.smem + kOutAt + cw * kOutBoxes * kOutBox
                               : pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
     float acc[128];
+    // kDefer: the previous tile's block, rounded (pack_block), and where it goes; its halves are
+    // written between the next tile's first blocks (half 0 after block 0's commit, half 1 after
+    // block 2's, or block 1's in a two-block tile, so the first half's stores have a block's
+    // time to read buf), the rest after the products.
+    static_assert(!kDefer || kTma, "the deferred epilogue is the TMA one");
+    uint32_t packed[kDefer ? 64 : 1];
+    OutBlock pend{0, 0, 0, 0};  // boxes 0: nothing pending
+    const uint64_t pol = kDefer && p.hint_c ? l2_policy(p.hint_c) : 0;
     int it = 0;
     int4 rec = group_record(p, cluster_id);
     for (int t = cluster_id; t < p.tiles;) {
@@ -1066,8 +1115,34 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
       const int64_t i = tl.i0 + 64 * cw;
-      if (i < p.mc) {
-        consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
+      if constexpr (kDefer) {
+        if (i < p.mc) {
+          const int second = k_blocks >= 3 ? 2 : 1;
+          int written = 0;  // halves of pend written
+          consume_tile_w<T, true>(
+              pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc, [&](int kb) {
+                if (kb == 0) {
+                  store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+                  written = 1;
+                } else if (kb == second) {
+                  store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+                  written = 2;
+                }
+              });
+          if (written < 1) store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          if (written < 2) store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          pack_block<TC>(acc, packed);
+          pend = out_block(tl.g, i, tl.n0, p.nc);
+        } else {
+          store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          pend.boxes = 0;
+          consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc,
+                                   [](int) {});
+        }
+      } else if (i < p.mc) {
+        consume_tile_w<T, true>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc,
+                                [](int) {});
         if constexpr (kTma) {
           store_block_tma<TC>(&tm_c, stage_out, cw, tl.g, i, tl.n0, p.nc, acc, p.hint_c);
         } else {
@@ -1081,9 +1156,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           }
         }
       } else {
-        consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc);
+        consume_tile_w<T, false>(pipe.smem, pipe.full, pipe.empty, cw, k_blocks, it, acc,
+                                 [](int) {});
       }
       t += clusters;
+    }
+    if constexpr (kDefer) {
+      store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+      store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
     }
     // The stores are done before the CTA (and its shared memory) goes.
     if (kTma && threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -1194,10 +1274,10 @@ void launch_rows(const RowGroupedProduct& p, const KParams& kp, Stream s) {
   }
 }
 
-template <class T, class TC, bool kTma>
+template <class T, class TC, bool kTma, bool kDefer = false>
 void launch_cols_kernel(const ColGroupedProduct& p, const WParams& kp, Stream s) {
   constexpr int kSmem = kTma ? kSmemBytesTma : kSmemBytesW;
-  auto kernel = grouped_cols_kernel<T, TC, kTma>;
+  auto kernel = grouped_cols_kernel<T, TC, kTma, kDefer>;
   static std::once_flag once;
   std::call_once(once, [&] {
     MOE_CUDA_CHECK(
@@ -1225,7 +1305,10 @@ void launch_cols_kernel(const ColGroupedProduct& p, const WParams& kp, Stream s)
 template <class T, class TC>
 void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) {
   if constexpr (sizeof(TC) == 2) {
-    if (!p.accumulate && wgrad_store_tma()) return launch_cols_kernel<T, TC, true>(p, kp, s);
+    if (!p.accumulate && wgrad_store_tma()) {
+      return wgrad_defer_store() ? launch_cols_kernel<T, TC, true, true>(p, kp, s)
+                                 : launch_cols_kernel<T, TC, true>(p, kp, s);
+    }
   }
   launch_cols_kernel<T, TC, false>(p, kp, s);
 }
@@ -1352,6 +1435,10 @@ bool mix_setting() {
 
 bool wgrad_store_tma() {
   return two_way_setting("MOE_SM90_WGRAD_STORE", "tma", "sync");
+}
+
+bool wgrad_defer_store() {
+  return two_way_setting("MOE_SM90_WGRAD_DEFER", "on", "off");
 }
 
 bool dynamic_schedule() {

@@ -154,6 +154,12 @@ bool mix_setting();
 // call.
 bool wgrad_store_tma();
 
+// MOE_SM90_WGRAD_DEFER: unset, empty or "on" true (the TMA epilogue writes each tile's block while
+// the next tile's products run, from the block rounded into registers), "off" false (it writes
+// the block after the tile's products, while the tensor cores wait: A/B); anything else throws
+// std::invalid_argument naming it. Read on every call. Same bits either way.
+bool wgrad_defer_store();
+
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.
 bool dynamic_schedule();

@@ -579,6 +579,17 @@ TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
   const std::string es = error_of([] { gpu::sm90::wgrad_store_tma(); });
   EXPECT_THAT(es, ::testing::HasSubstr("MOE_SM90_WGRAD_STORE"));
   EXPECT_THAT(es, ::testing::HasSubstr("async"));
+  const ScopedEnv defer("MOE_SM90_WGRAD_DEFER");
+  defer.set(nullptr);
+  EXPECT_TRUE(gpu::sm90::wgrad_defer_store());
+  defer.set("on");
+  EXPECT_TRUE(gpu::sm90::wgrad_defer_store());
+  defer.set("off");
+  EXPECT_FALSE(gpu::sm90::wgrad_defer_store());
+  defer.set("later");
+  const std::string ed = error_of([] { gpu::sm90::wgrad_defer_store(); });
+  EXPECT_THAT(ed, ::testing::HasSubstr("MOE_SM90_WGRAD_DEFER"));
+  EXPECT_THAT(ed, ::testing::HasSubstr("later"));
 }
 
 // MOE_SM90_STORE's parse (host only; the kernel:
@@ -1940,6 +1951,11 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   const ScopedEnv hints("MOE_SM90_HINTS");
   hints.set("000");
   EXPECT_TRUE(gw.bitwise_equal(run())) << "the L2 hint changes the bits";
+  // The epilogue written during the next tile's products (default) or after the tile's own: tiles
+  // of 1, 2, 3 and 5 blocks, warpgroups without rows (K = 328) and a one-box block (N = 520).
+  const ScopedEnv defer("MOE_SM90_WGRAD_DEFER");
+  defer.set("off");
+  EXPECT_TRUE(gw.bitwise_equal(run())) << "the deferred epilogue changes the bits";
 }
 
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
