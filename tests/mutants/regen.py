@@ -345,8 +345,8 @@ M = [
      "GemmImpl::automatic: a group of exactly 320 rows (2048 for wgrad) not counted as small (a "
      "performance rule; caught by the host test of auto_prefers_sm90)"),
     ("073", "sm90_wgrad_tma_box_column", "offset", "gpu/grouped_gemm_sm90.cu", 1,
-     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b, static_cast<int>(i), g, hint, pol);",
-     "tma_store_3d(map, buf + (b - b0) * kOutBox, n0 + 64 * b0, static_cast<int>(i), g, hint, pol);",
+     "tma_store_3d(map, buf + (b - b0) * kOutBox, o.n0 + 64 * b, o.i, o.g, hint, pol);",
+     "tma_store_3d(map, buf + (b - b0) * kOutBox, o.n0 + 64 * b0, o.i, o.g, hint, pol);",
      "sm90 wgrad, TMA-store epilogue: both boxes of a half stored at the half's first 64 columns, "
      "so every tile's columns 64-127 and 192-255 are never written (16-bit grad_w, GemmImpl::sm90 "
      "with sm90_wgrad or automatic)"),
@@ -420,6 +420,12 @@ M = [
      "automatic splits fwd and dgrad only where the plan is mixed (ratio 1/2), not from 1/4: the "
      "128-expert skewed plan and the block's stay on chunked (a performance rule; caught by the "
      "host test of the rule)"),
+    ("086", "sm90_wgrad_defer_second_half_lost", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "if (written < 2) store_half_tma<1>",
+     "if (written < 1) store_half_tma<1>",
+     "sm90 wgrad, deferred epilogue: after a one-block tile the previous block's second half "
+     "(columns 128-255) is never written, since only half 0 fits in that tile's products "
+     "(16-bit grad_w; GemmImpl::sm90 with sm90_wgrad or automatic)"),
 ]
 
 
