@@ -1880,7 +1880,16 @@ TEST(Sm90GemmGpu, SplitMatchesTheFp64SumsEverywhere) {
 // (MOE_SM90_HINTS=000; evict_first by default). The kernel is opt-in (GemmOptions::sm90_wgrad).
 TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
-  const std::vector<int64_t> sizes = {1, 63, 64, 65, 0, 128, 200, 257, 300, 600, 130};
+  std::vector<int64_t> sizes = {1, 63, 64, 65, 0, 128, 200, 257, 300, 130};
+  // 40 groups of 1-140 rows and one of 600 (10 k-blocks) among them: with 6 entries a group (2
+  // i-pairs x 3 column tiles) the table has 300, so each of an H100's 66 clusters runs 4-5 tiles
+  // in a row, and a tile's block is written during the next one's products
+  // (MOE_SM90_WGRAD_DEFER), which one tile per cluster never does. The 600-row group's entries
+  // (180-185) are the third tile of their clusters, between short ones.
+  for (int j = 0; j < 40; ++j) {
+    if (j == 21) sizes.push_back(600);
+    sizes.push_back(1 + (j * 37) % 140);
+  }
   int64_t used = 0;
   for (int64_t v : sizes) used += v;
   const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
@@ -1952,8 +1961,8 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   hints.set("000");
   EXPECT_TRUE(gw.bitwise_equal(run())) << "the L2 hint changes the bits";
   // The epilogue written during the next tile's products (default) or after the tile's own: tiles
-  // of 1, 2, 3 and 5 blocks, one of 10 (past kDeferBlocks: written before its products) between
-  // short ones, warpgroups without rows (K = 328) and a one-box block (N = 520).
+  // of 1, 2, 3, 5 and 10 blocks (past kDeferBlocks: the block before it is written before its
+  // products), warpgroups without rows (K = 328) and a one-box block (N = 520).
   const ScopedEnv defer("MOE_SM90_WGRAD_DEFER");
   defer.set("off");
   EXPECT_TRUE(gw.bitwise_equal(run())) << "the deferred epilogue changes the bits";
