@@ -1041,7 +1041,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 // c, c + clusters, ...): the forward's dynamic one measured slower here, 6.2-6.5 against
 // 5.0-5.5 ms on the DeepSeek-like wgrad (docs/perf.md, session 13). kTma: the asynchronous
 // epilogue (store_block_tma; tm_c maps c), else the one through the warps' stores. kDefer (with
-// kTma): each tile's block is written while the next tile's products run (pack_block).
+// kTma): each tile's block is rounded into registers (pack_block) and written while the next
+// tile's first products run, or before them where that tile is long (kDeferBlocks).
 template <class T, class TC, bool kTma, bool kDefer>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     grouped_cols_kernel(const __grid_constant__ CUtensorMap tm_c,
@@ -1104,7 +1105,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     // kDefer: the previous tile's block, rounded (pack_block), and where it goes; its halves are
     // written between the next tile's first blocks (half 0 after block 0's commit, half 1 after
     // block 2's, or block 1's in a two-block tile, so the first half's stores have a block's
-    // time to read buf), the rest after the products.
+    // time to read buf); what a one-block tile leaves, after its products.
     static_assert(!kDefer || kTma, "the deferred epilogue is the TMA one");
     uint32_t packed[kDefer ? 64 : 1];
     OutBlock pend{0, 0, 0, 0};  // boxes 0: nothing pending
