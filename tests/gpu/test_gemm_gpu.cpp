@@ -540,6 +540,23 @@ class ScopedEnv {
   std::optional<std::string> prev_;
 };
 
+// The parse of a two-way sm90 knob: unset, empty and `on` read true, `off` false; `bad` throws
+// std::invalid_argument naming the variable and the value.
+void expect_two_way_knob(const char* name, bool (*setting)(), const char* on, const char* off,
+                         const char* bad) {
+  const ScopedEnv env(name);
+  for (const char* v : {static_cast<const char*>(nullptr), "", on}) {
+    env.set(v);
+    EXPECT_TRUE(setting()) << name << "=" << (v ? v : "(unset)");
+  }
+  env.set(off);
+  EXPECT_FALSE(setting()) << name << "=" << off;
+  env.set(bad);
+  const std::string e = error_of([&] { setting(); });
+  EXPECT_THAT(e, ::testing::HasSubstr(name));
+  EXPECT_THAT(e, ::testing::HasSubstr(std::string("'") + bad + "'"));
+}
+
 }  // namespace
 
 TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
@@ -567,47 +584,16 @@ TEST(GemmImplDefault, Sm90WgradVariableIsParsedAndABadValueNamesIt) {
   const std::string e = error_of([] { gpu::GemmOptions{}; });
   EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_WGRAD"));
   EXPECT_THAT(e, ::testing::HasSubstr("fast"));
-  // The wgrad kernel's epilogue (A/B knob): TMA stores unless "sync".
-  const ScopedEnv store("MOE_SM90_WGRAD_STORE");
-  store.set(nullptr);
-  EXPECT_TRUE(gpu::sm90::wgrad_store_tma());
-  store.set("tma");
-  EXPECT_TRUE(gpu::sm90::wgrad_store_tma());
-  store.set("sync");
-  EXPECT_FALSE(gpu::sm90::wgrad_store_tma());
-  store.set("async");
-  const std::string es = error_of([] { gpu::sm90::wgrad_store_tma(); });
-  EXPECT_THAT(es, ::testing::HasSubstr("MOE_SM90_WGRAD_STORE"));
-  EXPECT_THAT(es, ::testing::HasSubstr("async"));
-  const ScopedEnv defer("MOE_SM90_WGRAD_DEFER");
-  defer.set(nullptr);
-  EXPECT_TRUE(gpu::sm90::wgrad_defer_store());
-  defer.set("on");
-  EXPECT_TRUE(gpu::sm90::wgrad_defer_store());
-  defer.set("off");
-  EXPECT_FALSE(gpu::sm90::wgrad_defer_store());
-  defer.set("later");
-  const std::string ed = error_of([] { gpu::sm90::wgrad_defer_store(); });
-  EXPECT_THAT(ed, ::testing::HasSubstr("MOE_SM90_WGRAD_DEFER"));
-  EXPECT_THAT(ed, ::testing::HasSubstr("later"));
+  // The wgrad kernel's epilogue (A/B knobs): TMA stores unless "sync", written during the next
+  // tile's products unless "off".
+  expect_two_way_knob("MOE_SM90_WGRAD_STORE", gpu::sm90::wgrad_store_tma, "tma", "sync", "async");
+  expect_two_way_knob("MOE_SM90_WGRAD_DEFER", gpu::sm90::wgrad_defer_store, "on", "off", "later");
 }
 
 // MOE_SM90_STORE's parse (host only; the kernel:
 // Sm90GemmGpu.WideEpilogueMatchesThePlainOneBitwise).
 TEST(GemmImplDefault, Sm90StoreVariableIsParsedAndABadValueNamesIt) {
-  const ScopedEnv env("MOE_SM90_STORE");
-  env.set(nullptr);
-  EXPECT_TRUE(gpu::sm90::wide_store_setting());
-  env.set("");
-  EXPECT_TRUE(gpu::sm90::wide_store_setting());
-  env.set("plain");
-  EXPECT_FALSE(gpu::sm90::wide_store_setting());
-  env.set("wide");
-  EXPECT_TRUE(gpu::sm90::wide_store_setting());
-  env.set("narrow");
-  const std::string e = error_of([] { gpu::sm90::wide_store_setting(); });
-  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_STORE"));
-  EXPECT_THAT(e, ::testing::HasSubstr("narrow"));
+  expect_two_way_knob("MOE_SM90_STORE", gpu::sm90::wide_store_setting, "wide", "plain", "narrow");
 }
 
 TEST(GemmImplDefault, Sm90HintsVariableIsParsedAndABadValueNamesIt) {
@@ -1398,17 +1384,7 @@ TEST(Sm90MixOrder, SpreadsTheStreamingGroupsEntriesEvenlyAndKeepsEachKindsOrder)
   // No dense group (1024 is not above kDenseRows), or no streaming one: no order.
   EXPECT_TRUE(order_of({100, 200, 1024, 0}, 2048).empty());
   EXPECT_TRUE(order_of({2000, 0, 257}, 2048).empty());
-  const ScopedEnv env("MOE_SM90_MIX");
-  env.set(nullptr);
-  EXPECT_TRUE(gpu::sm90::mix_setting());
-  env.set("auto");
-  EXPECT_TRUE(gpu::sm90::mix_setting());
-  env.set("off");
-  EXPECT_FALSE(gpu::sm90::mix_setting());
-  env.set("on");
-  const std::string e = error_of([] { gpu::sm90::mix_setting(); });
-  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_MIX"));
-  EXPECT_THAT(e, ::testing::HasSubstr("'on'"));
+  expect_two_way_knob("MOE_SM90_MIX", gpu::sm90::mix_setting, "auto", "off", "on");
 }
 
 // Every element of a bf16 forward out[r, n] = sum_k x[r, k] w[g, k, n] and dgrad grad_x[r, k] =
