@@ -23,7 +23,9 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -2175,3 +2177,74 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
 }
 
 #endif  // MOE_WITH_CUDA
+
+// How long the host takes to issue one call (while the device is busy, so that nothing blocks),
+// and to read the group sizes back: after read_group_plan's synchronisation the device idles
+// for the host's planning of the next call (GemmBench's fwd+read against fwd).
+TEST(GemmBench, HostTimeOfOneCall) {
+  MOE_SKIP_WITHOUT_GPU();
+  if (!std::getenv("MOE_GEMM_BENCH")) GTEST_SKIP() << "set MOE_GEMM_BENCH=1";
+  using clock = std::chrono::steady_clock;
+  auto us = [](clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (const BenchShape& b : bench_shapes()) {
+    if (b.name != "deepseek_uniform" && b.name != "deepseek_skewed") continue;
+    const gpu::GroupPlan plan = bench_plan(b);
+    const int64_t R = plan.rows, K = b.H, N = b.F, G = b.E;
+    gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
+    gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
+    Tensor gs_host(DType::i32, {G});
+    for (int64_t g = 0; g < G; ++g) gs_host.set(g, static_cast<double>(plan.sizes[g]));
+    const gpu::DeviceTensor gs = gpu::DeviceTensor::upload(gs_host);
+    gpu::DeviceTensor out(DType::bf16, {R, N});
+    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
+                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+    gpu::DeviceTensor busy(DType::bf16, {G, K, N});
+    const gpu::GemmOptions o;
+    gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+    gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
+    MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> read, fwd, bwd, dgrad, wgrad, plan_t;
+    for (int i = 0; i < 15; ++i) {
+      auto t0 = clock::now();
+      const gpu::GroupPlan p = gpu::read_group_plan(gs, R);
+      auto t1 = clock::now();
+      read.push_back(us(t0, t1));
+      t0 = clock::now();
+      const gpu::GroupPlan p2 = gpu::make_group_plan(plan.sizes, R);
+      t1 = clock::now();
+      plan_t.push_back(us(t0, t1));
+      auto timed = [&](std::vector<double>& into, const std::function<void()>& f) {
+        for (int k = 0; k < 3; ++k)  // ~15 ms of device work ahead of the call
+          gpu::gemm_detail::copy_device(busy.data(), w.data(), w.nbytes());
+        const auto a = clock::now();
+        f();
+        into.push_back(us(a, clock::now()));
+        MOE_CUDA_CHECK(cudaDeviceSynchronize());
+      };
+      timed(fwd, [&] { gpu::grouped_gemm_fwd_into(x, w, p, nullptr, out, nullptr, o); });
+      timed(bwd, [&] { gpu::grouped_gemm_bwd_into(ct, x, w, p, nullptr, grads, nullptr, o); });
+      timed(dgrad, [&] {
+        gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, p, DType::bf16, ct.data(),
+                                          w.data(), DType::bf16, grads.grad_x.data(), K, N, false,
+                                          nullptr, o);
+      });
+      timed(wgrad, [&] {
+        gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, p, DType::bf16, x.data(),
+                                          ct.data(), DType::bf16, grads.grad_w.data(), K, N, false,
+                                          nullptr, o);
+      });
+      (void)p2;
+    }
+    std::printf(
+        "%-18s host us (median of 15): read_group_plan %.1f, make_group_plan %.1f, issue fwd "
+        "%.1f, bwd %.1f, dgrad %.1f, wgrad %.1f\n",
+        b.name.c_str(), median(read), median(plan_t), median(fwd), median(bwd), median(dgrad),
+        median(wgrad));
+  }
+}
