@@ -1393,27 +1393,28 @@ GroupPlan make_group_plan(const std::vector<int64_t>& sizes, int64_t rows) {
 GroupPlan read_group_plan(const DeviceTensor& group_sizes, int64_t rows, Stream s) {
   require_rank(group_sizes.meta(), 1, "group_sizes");
   const int64_t G = group_sizes.dim(0);
-  std::vector<int64_t> sizes(static_cast<size_t>(G));
-  if (group_sizes.dtype() == DType::i64) {
-    if (G > 0) {
-      MOE_CUDA_CHECK(cudaMemcpyAsync(sizes.data(), group_sizes.data(), G * sizeof(int64_t),
-                                     cudaMemcpyDeviceToHost, s));
-    }
-  } else if (group_sizes.dtype() == DType::i32) {
-    std::vector<int32_t> v(static_cast<size_t>(G));
-    if (G > 0) {
-      MOE_CUDA_CHECK(cudaMemcpyAsync(v.data(), group_sizes.data(), G * sizeof(int32_t),
-                                     cudaMemcpyDeviceToHost, s));
-    }
-    MOE_CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int64_t g = 0; g < G; ++g) sizes[g] = v[g];
-    return make_group_plan(sizes, rows);
-  } else {
+  const bool i64 = group_sizes.dtype() == DType::i64;
+  if (!i64 && group_sizes.dtype() != DType::i32) {
     throw std::invalid_argument("group_sizes: unsupported dtype " +
                                 std::string(dtype_name(group_sizes.dtype())) +
                                 " (expected int32 or int64)");
   }
+  std::vector<int64_t> sizes(static_cast<size_t>(G));
+  if (G == 0) {
+    MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+    return make_group_plan(sizes, rows);
+  }
+  // Into pinned memory (an upload slot, free once acquired): a copy to pageable memory stages
+  // through the driver and cost 28-70 us a call against ~10 (GemmBench.HostTimeOfOneCall), while
+  // the device idles for it (docs/perf.md, session 25).
+  const size_t es = i64 ? sizeof(int64_t) : sizeof(int32_t);
+  UploadSlot& slot = acquire_upload(static_cast<size_t>(G) * es);
+  MOE_CUDA_CHECK(cudaMemcpyAsync(slot.host, group_sizes.data(), G * es, cudaMemcpyDeviceToHost, s));
   MOE_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (int64_t g = 0; g < G; ++g) {
+    sizes[g] = i64 ? reinterpret_cast<const int64_t*>(slot.host)[g]
+                   : reinterpret_cast<const int32_t*>(slot.host)[g];
+  }
   return make_group_plan(sizes, rows);
 }
 
@@ -1494,6 +1495,13 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
   // gradient written, not accumulated.
   const GemmImpl impl = resolve_gemm_impl(o.impl, role, plan, c_type == ab && !accumulate);
   trace_product(bc.size() > 1 ? "products" : "product", role, plan, K, N, impl);
+  // sm90 first: its own tables; cuBLAS's problem list (one entry a group) only where it falls
+  // back. Empty contractions (K or N 0) are never the kernel's.
+  if (impl == GemmImpl::sm90 && K > 0 && N > 0 &&
+      (role != GemmRole::wgrad || o.sm90_wgrad || o.impl == GemmImpl::automatic ||
+       o.impl == GemmImpl::split) &&
+      run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
+    return;
   const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c_type);
   const float beta = accumulate ? 1.0f : 0.0f;
   std::vector<Problem> ps, zero_k;
@@ -1521,11 +1529,7 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
       if (chunked_aligned(dtype_size(ab), a, bc, dtype_size(c_type), K, N))
         return run_split(role, plan, ab, a, bc, c_type, K, N, accumulate, s, o);
       return run_streams(ps, tab, tc, beta, s, aux_count(o));
-    case GemmImpl::sm90:
-      if ((role != GemmRole::wgrad || o.sm90_wgrad || o.impl == GemmImpl::automatic ||
-           o.impl == GemmImpl::split) &&
-          run_sm90(role, plan, ab, a, bc, c_type, K, N, accumulate, nullptr, DType::f32, s))
-        return;
+    case GemmImpl::sm90:  // where the kernel does not take the product (tried above)
       [[fallthrough]];
     case GemmImpl::automatic:  // resolved above; not reached
     case GemmImpl::chunked:

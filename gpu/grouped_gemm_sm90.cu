@@ -1497,15 +1497,19 @@ bool fold_tail_pays(const int64_t* sizes, int64_t groups, int64_t nc) {
 }
 
 std::vector<int32_t> mixed_order(const int64_t* sizes, const int64_t* tile_start, int64_t groups) {
-  std::vector<int32_t> dense, stream;  // dense: every group not streaming
-  bool any_dense = false;
+  // Nothing to mix (the common case): said before the tile lists are built.
+  bool any_dense = false, any_stream = false;
   for (int64_t g = 0; g < groups; ++g) {
     any_dense |= sizes[g] > kDenseRows;
+    any_stream |= sizes[g] <= kStreamRows && tile_start[g + 1] > tile_start[g];
+  }
+  if (!any_dense || !any_stream) return {};
+  std::vector<int32_t> dense, stream;  // dense: every group not streaming
+  for (int64_t g = 0; g < groups; ++g) {
     auto& kind = sizes[g] > kStreamRows ? dense : stream;
     for (int64_t t = tile_start[g]; t < tile_start[g + 1]; ++t)
       kind.push_back(static_cast<int32_t>(t));
   }
-  if (!any_dense || stream.empty()) return {};
   // Entry i of the order is dense while fewer than floor((i + 1) D / T) dense ones precede it: the
   // D dense entries spread evenly over the T (Bresenham), each kind keeping its table order.
   const int64_t D = static_cast<int64_t>(dense.size()), T = D + static_cast<int64_t>(stream.size());
