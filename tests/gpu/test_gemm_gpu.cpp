@@ -2230,21 +2230,50 @@ TEST(GemmBench, HostTimeOfOneCall) {
       timed(fwd, [&] { gpu::grouped_gemm_fwd_into(x, w, p, nullptr, out, nullptr, o); });
       timed(bwd, [&] { gpu::grouped_gemm_bwd_into(ct, x, w, p, nullptr, grads, nullptr, o); });
       timed(dgrad, [&] {
-        gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, p, DType::bf16, ct.data(),
-                                          w.data(), DType::bf16, grads.grad_x.data(), K, N, false,
-                                          nullptr, o);
+        gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, p, DType::bf16, ct.data(), w.data(),
+                                          DType::bf16, grads.grad_x.data(), K, N, false, nullptr,
+                                          o);
       });
       timed(wgrad, [&] {
-        gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, p, DType::bf16, x.data(),
-                                          ct.data(), DType::bf16, grads.grad_w.data(), K, N, false,
-                                          nullptr, o);
+        gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, p, DType::bf16, x.data(), ct.data(),
+                                          DType::bf16, grads.grad_w.data(), K, N, false, nullptr,
+                                          o);
       });
-      (void)p2;
+      EXPECT_EQ(p.sizes, plan.sizes) << "read_group_plan";
+      EXPECT_EQ(p2.offsets, plan.offsets) << "make_group_plan";
     }
+    // What the timed calls wrote (inputs unchanged since): every element against fp64 sums.
+    const auto bad = verify_gemm(plan, K, N, out, &grads.grad_x, &grads.grad_w);
+    EXPECT_TRUE(bad.empty()) << b.name << "\n" << joined(bad);
     std::printf(
         "%-18s host us (median of 15): read_group_plan %.1f, make_group_plan %.1f, issue fwd "
         "%.1f, bwd %.1f, dgrad %.1f, wgrad %.1f\n",
         b.name.c_str(), median(read), median(plan_t), median(fwd), median(bwd), median(dgrad),
         median(wgrad));
   }
+}
+
+// read_group_plan copies the sizes through a pinned upload slot: both index types, repeated calls
+// (the slot reused), no groups, and a bad dtype naming group_sizes.
+TEST(GroupPlanGpu, ReadBackOfInt32AndInt64SizesGivesTheHostPlan) {
+  MOE_SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> sizes = {3, 0, 17, 1, 0, 40, 2};
+  const int64_t rows = 70, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan want = gpu::make_group_plan(sizes, rows);
+  for (DType d : {DType::i32, DType::i64}) {
+    Tensor h(d, {G});
+    for (int64_t g = 0; g < G; ++g) h.set(g, static_cast<double>(sizes[g]));
+    const gpu::DeviceTensor gs = gpu::DeviceTensor::upload(h);
+    for (int k = 0; k < 3; ++k) {
+      const gpu::GroupPlan got = gpu::read_group_plan(gs, rows);
+      EXPECT_EQ(got.sizes, want.sizes) << dtype_name(d) << " call " << k;
+      EXPECT_EQ(got.offsets, want.offsets) << dtype_name(d) << " call " << k;
+      EXPECT_EQ(got.used, want.used);
+    }
+  }
+  const gpu::DeviceTensor none = gpu::DeviceTensor::upload(Tensor(DType::i32, {0}));
+  EXPECT_EQ(gpu::read_group_plan(none, 5).groups(), 0);
+  const gpu::DeviceTensor bad = gpu::DeviceTensor::upload(Tensor(DType::f32, {2}));
+  EXPECT_THAT([&] { gpu::read_group_plan(bad, 5); },
+              ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("group_sizes")));
 }
