@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <stdexcept>
@@ -60,7 +61,33 @@ TimingStats stats_of(std::vector<double> per_launch_ms, int per_sample) {
   return t;
 }
 
+double g_sustain_ms = 0;
+
+// step() enqueues untimed work on st; repeated (synchronised every 4) until sustain_ms() of wall
+// time has passed. At least one step when the warm-up is on.
+void sustain(const std::function<void()>& step, cudaStream_t st) {
+  if (g_sustain_ms <= 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {
+    for (int j = 0; j < 4; ++j) step();
+    MOE_CUDA_CHECK(cudaGetLastError());
+    MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+  } while (
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
+      g_sustain_ms);
+}
+
 }  // namespace
+
+void set_sustain_ms(double ms) {
+  if (!(ms >= 0) || ms > 600000)
+    throw std::invalid_argument("sustain_ms: expected 0 .. 600000, got " + std::to_string(ms));
+  g_sustain_ms = ms;
+}
+
+double sustain_ms() {
+  return g_sustain_ms;
+}
 
 TimingStats time_launches(const std::function<void(int)>& launch, int warmup, int samples,
                           int per_sample, Stream s) {
@@ -69,6 +96,7 @@ TimingStats time_launches(const std::function<void(int)>& launch, int warmup, in
   for (int w = 0; w < warmup; ++w) launch(i++);
   MOE_CUDA_CHECK(cudaGetLastError());
   MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+  sustain([&] { launch(i++); }, st);
   Events ev;
   const LegacyJoin join;
   std::vector<double> ms;
@@ -154,6 +182,7 @@ TimingStats time_launches_auto(const std::function<void(int)>& launch, int sampl
     std::vector<double> ms;
     for (int w = 0; w < 2; ++w) MOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
     MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+    sustain([&] { MOE_CUDA_CHECK(cudaGraphLaunch(exec, st)); }, st);
     for (int k = 0; k < samples; ++k) {
       MOE_CUDA_CHECK(cudaEventRecord(ev.a, st));
       MOE_CUDA_CHECK(cudaGraphLaunch(exec, st));

@@ -35,6 +35,15 @@ struct TimingStats {
 // The stream benchmark launches go to (created on first use, non-blocking).
 Stream bench_stream();
 
+// Sustained warm-up, process-wide (`bench --sustain-ms`): before the samples of every helper
+// below, the launches run untimed, synchronised every few, until `ms` of wall time has passed
+// (0, the default: the fixed warm-up launches alone). An H100 at its 700 W limit runs a burst
+// faster than a sustained load: the DeepSeek-like grouped forward's median read 3.48 ms right
+// after idle and 3.62-3.86 ms a few seconds later, the same code in one call (docs/perf.md,
+// session 25). Samples taken after a sustained warm-up are what a training step sees.
+void set_sustain_ms(double ms);
+double sustain_ms();
+
 // Times launch(i). warmup launches first (not timed), then `samples` samples of `per_sample`
 // launches each.
 TimingStats time_launches(const std::function<void(int)>& launch, int warmup, int samples,

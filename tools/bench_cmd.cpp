@@ -730,6 +730,8 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   std::printf("device: %s\n", device.c_str());
   std::printf("copy bandwidth (cudaMemcpy D2D, %.0f MiB, read+write): %.1f GB/s (median of %d)\n",
               copy.bytes / 1048576.0, copy.gbps, copy.t.samples);
+  if (gpu::sustain_ms() > 0)
+    std::printf("sustained warm-up: %.0f ms before every timed series\n", gpu::sustain_ms());
   std::printf("%-18s %-18s %-7s %-8s %11s %11s %8s %6s %8s %7s %10s %6s %10s %5s %s\n", "op",
               "case", "dir", "verified", "median_us", "min_us", "GB/s", "%copy", "TFLOP/s",
               "%dense", "roof_us", "%roof", "tokens/s", "graph", "impl");
@@ -741,6 +743,7 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
     nlohmann::json j;
     j["device"] = device;
     j["complete"] = complete;
+    j["sustain_ms"] = gpu::sustain_ms();
     j["copy"] = {{"bytes", copy.bytes},
                  {"gbps", copy.gbps},
                  {"median_ms", copy.t.median_ms},
@@ -812,6 +815,7 @@ void add_bench_command(CLI::App& app, int& status) {
   static std::vector<std::string> op_names, case_names, impl_args, plugins;
   static std::string json_path, ties = "canonical";
   static int samples = 25;
+  static double sustain = 0;
   static int64_t verify_rows = 1024;
   cmd->add_option("--op", op_names, "Only these ops (repeatable; see `moe-harness list`)");
   cmd->add_option("--case", case_names,
@@ -829,6 +833,11 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--json", json_path, "Also write the results to this JSON file");
   cmd->add_option("--samples", samples, "Timed samples per case and direction (>= 20)")
       ->check(CLI::Range(20, 100000));
+  cmd->add_option("--sustain-ms", sustain,
+                  "Before every timed series (each row, the copy and dense references), run it "
+                  "untimed for this many ms, so the clocks settle under the power limit "
+                  "(0: burst timing after a few warm-up launches)")
+      ->check(CLI::Range(0.0, 600000.0));
   cmd->add_option("--verify-rows", verify_rows,
                   "Rows of the verification case (T or R) of ops without their own")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
@@ -865,6 +874,7 @@ void add_bench_command(CLI::App& app, int& status) {
       return;
     }
     try {
+      gpu::set_sustain_ms(sustain);
       status = run_bench(op_names, case_names, impl_args, copt, json_path, samples, verify_rows);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench: %s\n", e.what());

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
 
 #include "harness/ops/registry.h"
 
@@ -41,6 +44,39 @@ TEST(BenchUtilGpu, SizedCopyTakesTinySizes) {
     const moe::gpu::SizedCopy c = moe::gpu::time_copy_of(bytes, 20);
     EXPECT_GT(c.median_ms, 0.0) << bytes;
   }
+}
+
+// The sustained warm-up: a bad value names sustain_ms and changes nothing; on, the untimed
+// launches run for at least that long before the samples, in whole groups of 4; off again, only
+// the fixed warm-up.
+TEST(BenchUtilGpu, SustainedWarmUpRunsUntimedLaunchesForItsDuration) {
+  MOE_SKIP_WITHOUT_GPU();
+  EXPECT_THROW(
+      {
+        try {
+          moe::gpu::set_sustain_ms(-1);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("sustain_ms"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  EXPECT_EQ(moe::gpu::sustain_ms(), 0.0);
+  int launches = 0;
+  const auto launch = [&](int) { ++launches; };  // nothing on the device: host time alone
+  const int warmup = 2, samples = 20;
+  moe::gpu::set_sustain_ms(30);
+  const auto t0 = std::chrono::steady_clock::now();
+  moe::gpu::time_launches(launch, warmup, samples, 1, moe::gpu::bench_stream());
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  moe::gpu::set_sustain_ms(0);
+  EXPECT_GE(ms, 30.0);
+  EXPECT_GE(launches, warmup + 4 + samples);
+  EXPECT_EQ((launches - warmup - samples) % 4, 0) << launches;
+  launches = 0;
+  moe::gpu::time_launches(launch, warmup, samples, 1, moe::gpu::bench_stream());
+  EXPECT_EQ(launches, warmup + samples);
 }
 
 #endif
