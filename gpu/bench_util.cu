@@ -89,14 +89,16 @@ double sustain_ms() {
   return g_sustain_ms;
 }
 
-TimingStats time_launches(const std::function<void(int)>& launch, int warmup, int samples,
-                          int per_sample, Stream s) {
+namespace {
+// time_launches, with the sustained warm-up or (time_launches_auto's calibration) without.
+TimingStats timed_series(const std::function<void(int)>& launch, int warmup, int samples,
+                         int per_sample, Stream s, bool sustained) {
   auto st = reinterpret_cast<cudaStream_t>(s);
   int i = 0;
   for (int w = 0; w < warmup; ++w) launch(i++);
   MOE_CUDA_CHECK(cudaGetLastError());
   MOE_CUDA_CHECK(cudaStreamSynchronize(st));
-  sustain([&] { launch(i++); }, st);
+  if (sustained) sustain([&] { launch(i++); }, st);
   Events ev;
   const LegacyJoin join;
   std::vector<double> ms;
@@ -114,6 +116,12 @@ TimingStats time_launches(const std::function<void(int)>& launch, int warmup, in
     ms.push_back(static_cast<double>(e) / per_sample);
   }
   return stats_of(std::move(ms), per_sample);
+}
+}  // namespace
+
+TimingStats time_launches(const std::function<void(int)>& launch, int warmup, int samples,
+                          int per_sample, Stream s) {
+  return timed_series(launch, warmup, samples, per_sample, s, true);
 }
 
 Stream bench_stream() {
@@ -167,10 +175,12 @@ TimingStats time_launches_auto(const std::function<void(int)>& launch, int sampl
   auto st = reinterpret_cast<cudaStream_t>(s);
   // Calibrate with direct launches: warm up, time one launch, and where that is shorter than a
   // sample, 3 x 5 more to size the samples (a launch of milliseconds needs no more).
-  const TimingStats one = time_launches(launch, 2, 1, 1, s);
-  const double per = std::max(
-      one.median_ms >= min_sample_ms ? one.median_ms : time_launches(launch, 1, 3, 5, s).median_ms,
-      1e-4);
+  // (The calibration runs without the sustained warm-up: the samples below get it.)
+  const TimingStats one = timed_series(launch, 2, 1, 1, s, false);
+  const double per =
+      std::max(one.median_ms >= min_sample_ms ? one.median_ms
+                                              : timed_series(launch, 1, 3, 5, s, false).median_ms,
+               1e-4);
   const int per_sample =
       std::clamp(static_cast<int>(std::ceil(min_sample_ms / per)), 1, max_per_sample);
   samples = std::max(samples, 20);

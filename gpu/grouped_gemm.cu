@@ -1404,9 +1404,10 @@ GroupPlan read_group_plan(const DeviceTensor& group_sizes, int64_t rows, Stream 
     MOE_CUDA_CHECK(cudaStreamSynchronize(s));
     return make_group_plan(sizes, rows);
   }
-  // Into pinned memory (an upload slot, free once acquired): a copy to pageable memory stages
-  // through the driver and cost 28-70 us a call against ~10 (GemmBench.HostTimeOfOneCall), while
-  // the device idles for it (docs/perf.md, session 25).
+  // Into pinned memory (an upload slot, free once acquired), not pageable memory, which the
+  // driver stages through a buffer of its own; the device idles while the host waits here. The
+  // host times (GemmBench.HostTimeOfOneCall, 18-49 us a read either way on the H100) vary more
+  // than this changes them (docs/perf.md, session 25).
   const size_t es = i64 ? sizeof(int64_t) : sizeof(int32_t);
   UploadSlot& slot = acquire_upload(static_cast<size_t>(G) * es);
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.host, group_sizes.data(), G * es, cudaMemcpyDeviceToHost, s));
