@@ -426,6 +426,11 @@ M = [
      "sm90 wgrad, deferred epilogue: after a one-block tile the previous block's second half "
      "(columns 128-255) is never written, since only half 0 fits in that tile's products "
      "(16-bit grad_w; GemmImpl::sm90 with sm90_wgrad or automatic)"),
+    ("087", "gemm_read_plan_int64_half_copied", "offset", "gpu/grouped_gemm.cu", 1,
+     "cudaMemcpyAsync(slot.host, group_sizes.data(), G * es,",
+     "cudaMemcpyAsync(slot.host, group_sizes.data(), G * sizeof(int32_t),",
+     "read_group_plan through the pinned slot: int64 group sizes copied with the int32 byte "
+     "count, so the later half of the groups read whatever the slot held before"),
 ]
 
 
