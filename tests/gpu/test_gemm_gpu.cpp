@@ -1089,6 +1089,33 @@ Operands operands(const std::vector<int64_t>& sizes, int64_t tail, int64_t K, in
           filled({R, N}, kSeedCt)};
 }
 
+// The buffers of a GemmBench shape: its plan, x [R, K], w [G, K, N] and ct [R, N] filled() from
+// kSeedX, kSeedW and kSeedCt, the group sizes on the device (int32), and bf16 outputs.
+struct BenchBuffers {
+  gpu::GroupPlan plan;
+  int64_t R, K, N, G;
+  gpu::DeviceTensor x, w, ct, gs, out;
+  gpu::GroupedGemmBwd grads;
+  explicit BenchBuffers(const BenchShape& b)
+      : plan(bench_plan(b)),
+        R(plan.rows),
+        K(b.H),
+        N(b.F),
+        G(b.E),
+        x(filled({R, K}, kSeedX)),
+        w(filled({G, K, N}, kSeedW)),
+        ct(filled({R, N}, kSeedCt)),
+        gs(sizes_on_device(plan)),
+        out(DType::bf16, {R, N}),
+        grads{gpu::DeviceTensor(DType::bf16, {R, K}), gpu::DeviceTensor(DType::bf16, {G, K, N}),
+              std::nullopt} {}
+  static gpu::DeviceTensor sizes_on_device(const gpu::GroupPlan& p) {
+    Tensor h(DType::i32, {p.groups()});
+    for (int64_t g = 0; g < p.groups(); ++g) h.set(g, static_cast<double>(p.sizes[g]));
+    return gpu::DeviceTensor::upload(h);
+  }
+};
+
 // One forward and one backward of grouped_gemm on bf16 operands with options o; the forward's
 // output and grad_x, downloaded. `kernel_calls`: how many products ran on the sm90 kernel.
 std::pair<Tensor, Tensor> fwd_and_dgrad(const gpu::DeviceTensor& x, const gpu::DeviceTensor& w,
@@ -1962,17 +1989,12 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
   const std::string case_list = cases ? std::string(",") + cases + "," : "";
   for (const BenchShape& b : bench_shapes()) {
     if (cases && case_list.find("," + b.name + ",") == std::string::npos) continue;
-    const gpu::GroupPlan plan = bench_plan(b);
-    const int64_t R = plan.rows, K = b.H, N = b.F, G = b.E;
+    BenchBuffers d(b);
+    const gpu::GroupPlan& plan = d.plan;
+    const int64_t R = d.R, K = d.K, N = d.N, G = d.G;
     const double fwd_flops = 2.0 * R * K * N, fb_flops = 3 * fwd_flops;
-    gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-    gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
-    Tensor gs_host(DType::i32, {G});
-    for (int64_t g = 0; g < G; ++g) gs_host.set(g, static_cast<double>(plan.sizes[g]));
-    const gpu::DeviceTensor gs = gpu::DeviceTensor::upload(gs_host);
-    gpu::DeviceTensor out(DType::bf16, {R, N});
-    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
-                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+    gpu::DeviceTensor &x = d.x, &w = d.w, &ct = d.ct, &out = d.out, &gs = d.gs;
+    gpu::GroupedGemmBwd& grads = d.grads;
 
     // Dense baseline of equal FLOPs: one [R,K] x [K,N] product and its two gradients.
     gpu::DeviceTensor w2 = filled({K, N}, kSeedW), dw2(DType::bf16, {K, N});
@@ -2194,16 +2216,11 @@ TEST(GemmBench, HostTimeOfOneCall) {
   };
   for (const BenchShape& b : bench_shapes()) {
     if (b.name != "deepseek_uniform" && b.name != "deepseek_skewed") continue;
-    const gpu::GroupPlan plan = bench_plan(b);
-    const int64_t R = plan.rows, K = b.H, N = b.F, G = b.E;
-    gpu::DeviceTensor x = filled({R, K}, kSeedX), w = filled({G, K, N}, kSeedW);
-    gpu::DeviceTensor ct = filled({R, N}, kSeedCt);
-    Tensor gs_host(DType::i32, {G});
-    for (int64_t g = 0; g < G; ++g) gs_host.set(g, static_cast<double>(plan.sizes[g]));
-    const gpu::DeviceTensor gs = gpu::DeviceTensor::upload(gs_host);
-    gpu::DeviceTensor out(DType::bf16, {R, N});
-    gpu::GroupedGemmBwd grads{gpu::DeviceTensor(DType::bf16, {R, K}),
-                              gpu::DeviceTensor(DType::bf16, {G, K, N}), std::nullopt};
+    BenchBuffers d(b);
+    const gpu::GroupPlan& plan = d.plan;
+    const int64_t R = d.R, K = d.K, N = d.N, G = d.G;
+    gpu::DeviceTensor &x = d.x, &w = d.w, &ct = d.ct, &out = d.out, &gs = d.gs;
+    gpu::GroupedGemmBwd& grads = d.grads;
     gpu::DeviceTensor busy(DType::bf16, {G, K, N});
     const gpu::GemmOptions o;
     gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
