@@ -124,6 +124,12 @@ struct Tile {
   int64_t row0, row_end, tail0;
 };
 
+// The width of a folded tail's products (consume_tile): its rows (1..64) rounded up to 16, 32 or
+// 64, the N of the transposed wgmma.
+__device__ __forceinline__ int tail_width(int64_t rows) {
+  return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
 // The group of table entry t: the last g with tile_start[g] <= t (empty groups have no entries).
 __device__ __forceinline__ int group_of(const int32_t* tile_start, int groups, int t) {
   int lo = 0, hi = groups;  // first j in [0, G] with tile_start[j] > t, minus one
@@ -708,19 +714,63 @@ __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl,
                                    acc);
 }
 
+template <class TB>
+__device__ __forceinline__ float load1(const TB* p) {
+  if constexpr (std::is_same_v<TB, float>) {
+    return *p;
+  } else if constexpr (std::is_same_v<TB, __nv_bfloat16>) {
+    return __bfloat162float(*p);
+  } else {
+    return __half2float(*p);
+  }
+}
+
+template <class TC>
+__device__ __forceinline__ void store1(TC* p, float v) {
+  if constexpr (std::is_same_v<TC, float>) {
+    *p = v;
+  } else if constexpr (std::is_same_v<TC, __nv_bfloat16>) {
+    *p = __float2bfloat16_rn(v);
+  } else {
+    *p = __float2half_rn(v);
+  }
+}
+
 // The folded tail's block of consumer warpgroup w = 2 rank + cw of the pair: rows [tail0,
-// row_end), columns [n0 + 64 w, n0 + 64 w + 64) below Nc.
-template <class TC, class TB, bool kAccumulate>
+// row_end), columns [n0 + 64 w, n0 + 64 w + 64) below Nc, from its transposed accumulators
+// (consume_tile: acc_t is c^T, 64 columns by kN tail rows, in m64nNk16's fragment layout:
+// acc_t[4j + 2h + e] is column 16 warp + lane / 4 + 8 h, tail row 8 j + 2 (lane % 4) + e).
+// c = rnd(acc (+ bias) (+ c)) as store_block, one element at a time: the tail is at most 64 of a
+// pair's 320 rows.
+template <class TC, class TB, bool kAccumulate, int kN>
 __device__ __forceinline__ void store_tail(const KParams& p, const Tile& tl, int w,
-                                           const float (&acc_t)[32]) {
+                                           const float (&acc_t)[kN / 2]) {
   const int64_t n0 = tl.n0 + 64 * w;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(64), tl.row_end - tl.tail0));
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kN), tl.row_end - tl.tail0));
   const int cols = static_cast<int>(min(static_cast<int64_t>(64), p.nc - n0));
   if (rows <= 0 || cols <= 0) return;
-  const TB* b = nullptr;
-  if constexpr (!std::is_same_v<TB, NoBias>) b = static_cast<const TB*>(p.bias) + tl.g * p.nc + n0;
-  store_block<TC, TB, kAccumulate, 64>(static_cast<TC*>(p.c) + tl.tail0 * p.nc + n0, p.nc, rows,
-                                       cols, b, acc_t);
+  TC* c = static_cast<TC*>(p.c) + tl.tail0 * p.nc + n0;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int col = warp * 16 + lane / 4 + 8 * h;
+    if (col >= cols) continue;
+    [[maybe_unused]] float bv = 0.0f;
+    if constexpr (!std::is_same_v<TB, NoBias>)
+      bv = load1(static_cast<const TB*>(p.bias) + tl.g * p.nc + n0 + col);
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * j + 2 * (lane % 4) + e;
+        if (r >= rows) continue;
+        float v = acc_t[4 * j + 2 * h + e];
+        if constexpr (!std::is_same_v<TB, NoBias>) v += bv;
+        if constexpr (kAccumulate) v += load1(c + r * p.nc + col);
+        store1(c + r * p.nc + col, v);
+      }
+    }
+  }
 }
 
 // Calls f(TB{}) with the bias element type of the launch (p.bias_type; NoBias without a bias).
@@ -738,19 +788,20 @@ __device__ __forceinline__ void with_bias_type(int code, F&& f) {
   }
 }
 
-// A tile's stores: store_fragment, and for a tail entry (acc_t) store_tail. acc_t is a pointer so
-// that a non-tail call site has no tail accumulators at all.
-template <class TC>
+// A tile's stores: store_fragment, and for a tail entry (acc_t, kTailN > 0) store_tail. acc_t is
+// a pointer so that a non-tail call site has no tail accumulators at all.
+template <class TC, int kTailN = 0>
 __device__ __forceinline__ void store_tile(const KParams& p, const Tile& tl, int cw, int w,
-                                           const float (&acc)[128], const float (*acc_t)[32]) {
+                                           const float (&acc)[128],
+                                           const float (*acc_t)[kTailN > 0 ? kTailN / 2 : 1]) {
   with_bias_type(p.bias_type, [&](auto tag) {
     using TB = decltype(tag);
     if (p.accumulate) {
       store_fragment<TC, TB, true>(p, tl, cw, acc);
-      if (acc_t) store_tail<TC, TB, true>(p, tl, w, *acc_t);
+      if constexpr (kTailN > 0) store_tail<TC, TB, true, kTailN>(p, tl, w, *acc_t);
     } else {
       store_fragment<TC, TB, false>(p, tl, cw, acc);
-      if (acc_t) store_tail<TC, TB, false>(p, tl, w, *acc_t);
+      if constexpr (kTailN > 0) store_tail<TC, TB, false, kTailN>(p, tl, w, *acc_t);
     }
   });
 }
@@ -791,12 +842,16 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
 }
 
 // One forward / dgrad tile for one consumer warpgroup (consume_stages): its 64 rows of the stage's
-// row tile (K-major) by the weight tile into acc, and for a tail entry (kTail) the stage's tail
-// rows by columns [64 w, 64 w + 64) of the weight tile into acc_t.
-template <class T, bool kBKMajor, bool kFold, bool kActive, bool kTail>
+// row tile (K-major) by the weight tile into acc, and for a tail entry (kTailN > 0) columns
+// [64 w, 64 w + 64) of the weight tile by the stage's first kTailN tail rows into acc_t,
+// transposed (c^T = w^T x^T: the weight's columns are wgmma's 64 rows, the tail rows its N), so
+// the products cost the tail's rows rounded up to 16, 32 or 64, not 64 of them always.
+template <class T, bool kBKMajor, bool kFold, bool kActive, int kTailN>
 __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
                                              uint64_t* empty, int cw, int w, int& it,
-                                             float (&acc)[128], float (&acc_t)[32]) {
+                                             float (&acc)[128],
+                                             float (&acc_t)[kTailN > 0 ? kTailN / 2 : 1]) {
+  constexpr bool kTail = kTailN > 0;
   static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
   static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
@@ -814,13 +869,14 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
     for (int kk = 0; kk < kBK / 16; ++kk)
       wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, desc_a(sa, kk), desc_b(sb, kk));
     if constexpr (kTail) {
-      // The weight tile's columns 64 w.. : 64 rows of the K-major tile (8 KiB each), or the
-      // w-th 64-column box of the MN-major one.
+      // The weight tile's columns 64 w.. (A: 64 rows of the K-major tile, 8 KiB each, or the
+      // w-th 64-column box of the MN-major one, whose descriptor reads it M-major) by the tail's
+      // rows (B: K-major, as the row tile; rows past those loaded are never read).
       const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
       const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64n64k16<T, 0, kBKMajor ? 0 : 1>(acc_t, desc_a(st, kk), desc_b(sw, kk));
+        wgmma_m64nk16<kTailN, T, kBKMajor ? 0 : 1, 0>(acc_t, desc_b(sw, kk), desc_a(st, kk));
     }
   });
 }
@@ -922,10 +978,15 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         constexpr uint32_t kBoxBytes = kBKMajor ? kBBytes / 2 : kChunkBytes;
         // What lands in this CTA per stage: the row tile (or its first half), and the weight
         // boxes (M-pair: both CTAs' halves, multicast; N-pair: its own column tile's).
-        const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes +
-                               (kFold && tl.tail ? kTailBytes : 0);
         // Tail entry: rank r loads the tail's rows [tail0 + 32 r, tail0 + 32 r + 32) for both
-        // CTAs (a start past M_total loads row 0 instead: never stored).
+        // CTAs (a start past M_total loads row 0 instead: never stored); rank 1 only where the
+        // tail's products read them (tail_width 64).
+        const bool tail_mine =
+            kFold && tl.tail && (rank == 0 || tail_width(tl.row_end - tl.tail0) > 32);
+        const uint32_t tail_bytes = !(kFold && tl.tail)                      ? 0
+                                    : tail_width(tl.row_end - tl.tail0) > 32 ? kTailBytes
+                                                                             : kTailBytes / 2;
+        const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes + tail_bytes;
         const int64_t t_row = tl.tail0 + 32 * rank;
         const int tail_row = t_row < p.rows ? static_cast<int>(t_row) : 0;
         // M-pair: this CTA loads its own row tile. N-pair: rank r loads row half r (when needed)
@@ -949,7 +1010,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           const CUtensorMap* tm_b = &m.b[q];
           // Made here, not kept live: the producer has 40 registers (setmaxnreg).
           const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(tl.banded ? 0 : p.hint_b);
-          if (kFold && tl.tail)
+          if (tail_mine)
             tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), tm_a32, &full[s], k0,
                                   tail_row, pol_a);
           if (!tl.npair) {
@@ -1009,19 +1070,32 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       // Separate loops, not a branch per k-block: a branch around the wgmma makes ptxas fence
       // the accumulators every k-block.
       if (kFold && tl.tail) {
-        float acc_t[32];
+        // The tail's products at the width of its rows (tail_width): 16, 32 or 64.
+        auto tail_tile = [&](auto width) {
+          if constexpr (kFold) {  // (the other kernel has no tail entries)
+            constexpr int kN = decltype(width)::value;
+            float acc_t[kN / 2];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) acc_t[i] = 0.0f;
-        consume_tile<T, kBKMajor, kFold, true, kFold>(p, smem, full, empty, cw, w, it, acc, acc_t);
-        store_tile<TC>(p, tl, cw, w, acc, &acc_t);
-      } else {
-        // No tail: the tail accumulators are not touched (kTail false); acc stands in for them.
-        float(&none)[32] = *reinterpret_cast<float(*)[32]>(acc);
-        if (active) {
-          consume_tile<T, kBKMajor, kFold, true, false>(p, smem, full, empty, cw, w, it, acc, none);
+            for (int i = 0; i < kN / 2; ++i) acc_t[i] = 0.0f;
+            consume_tile<T, kBKMajor, kFold, true, kN>(p, smem, full, empty, cw, w, it, acc, acc_t);
+            store_tile<TC, kN>(p, tl, cw, w, acc, &acc_t);
+          }
+        };
+        const int width = tail_width(tl.row_end - tl.tail0);
+        if (width == 16) {
+          tail_tile(std::integral_constant<int, 16>{});
+        } else if (width == 32) {
+          tail_tile(std::integral_constant<int, 32>{});
         } else {
-          consume_tile<T, kBKMajor, kFold, false, false>(p, smem, full, empty, cw, w, it, acc,
-                                                         none);
+          tail_tile(std::integral_constant<int, 64>{});
+        }
+      } else {
+        // No tail: the tail accumulators are not touched (kTailN 0); acc stands in for them.
+        float(&none)[1] = *reinterpret_cast<float(*)[1]>(acc);
+        if (active) {
+          consume_tile<T, kBKMajor, kFold, true, 0>(p, smem, full, empty, cw, w, it, acc, none);
+        } else {
+          consume_tile<T, kBKMajor, kFold, false, 0>(p, smem, full, empty, cw, w, it, acc, none);
         }
         store_tile<TC>(p, tl, cw, w, acc, nullptr);
       }

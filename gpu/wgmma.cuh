@@ -122,4 +122,75 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uin
   }
 }
 
+// d[64 x N] += A[64 x 16] . B[16 x N] for N = 16 or 32: the forward's folded tail multiplied
+// transposed (gpu/grouped_gemm_sm90.cu, consume_tile): the weight's 64 columns as A, the tail's
+// N rows as B, so a tail of 1-16 rows costs a quarter of the m64n64k16 product of 64 rows.
+template <class T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
+  static_assert(kTransA == 0 || kTransA == 1, "kTransA");
+  static_assert(kTransB == 0 || kTransB == 1, "kTransB");
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "wgmma_m64n16k16: bf16 or f16 operands");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+  }
+}
+
+#define MOE_WGMMA_OUTS16                                                                          \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+
+template <class T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t da, uint64_t db) {
+  static_assert(kTransA == 0 || kTransA == 1, "kTransA");
+  static_assert(kTransB == 0 || kTransB == 1, "kTransB");
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>,
+                "wgmma_m64n32k16: bf16 or f16 operands");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, %19, %20;\n}\n"
+        : MOE_WGMMA_OUTS16
+        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, %19, %20;\n}\n"
+        : MOE_WGMMA_OUTS16
+        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+  }
+}
+
+// d[64 x N] for N in {16, 32, 64}: the one of the three above.
+template <int kN, class T, int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64nk16(float (&d)[kN / 2], uint64_t da, uint64_t db) {
+  static_assert(kN == 16 || kN == 32 || kN == 64, "wgmma_m64nk16: N of 16, 32 or 64");
+  if constexpr (kN == 16) {
+    wgmma_m64n16k16<T, kTransA, kTransB>(d, da, db);
+  } else if constexpr (kN == 32) {
+    wgmma_m64n32k16<T, kTransA, kTransB>(d, da, db);
+  } else {
+    wgmma_m64n64k16<T, kTransA, kTransB>(d, da, db);
+  }
+}
+
 }  // namespace moe::gpu::wgmma

@@ -1462,20 +1462,23 @@ void expect_fp64_sums(const gpu::GroupPlan& plan, int64_t K, int64_t N, const Te
 
 // The sm90 kernel's cluster pairings (gpu/grouped_gemm_sm90.cu, decode): groups of 1..545 rows
 // give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
-// group's end, folded tails (257, 300 and 545 rows: 4 m + 1 64-row slots; the last at the second
-// M-pair), and with N = 520 (3 column tiles) an N-pair whose partner is past Nc and a tail whose
-// quarters past Nc store nothing. Every element of the forward and of dgrad is checked against
-// its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto folds these sizes) and as N-pairs
-// (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws before anything is issued.
+// group's end, folded tails (257, 272, 273, 288, 300 and 545 rows: 4 m + 1 64-row slots; the last
+// at the second M-pair; tails of 1, 16, 17, 32, 44 and 33 rows, so every product width of
+// tail_width, 16, 32 and 64, at both its ends), and with N = 520 (3 column tiles) an N-pair whose
+// partner is past Nc and a tail whose quarters past Nc store nothing. Every element of the forward
+// and of dgrad is checked against its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto
+// folds these sizes) and as N-pairs (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws
+// before anything is issued.
 TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv tail("MOE_SM90_TAIL");
-  const std::vector<int64_t> sizes = {1, 64, 65, 128, 129, 200, 0, 256, 257, 300, 384, 385, 545};
+  const std::vector<int64_t> sizes = {1,   64,  65,  128, 129, 200, 0,   256,
+                                      257, 272, 273, 288, 300, 384, 385, 545};
   const int64_t K = 256, N = 520;
   const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
-  // Unset (auto) must run the folding kernel here: fwd saves 6 entries of 46, dgrad 3 of 18.
+  // Unset (auto) must run the folding kernel here: fwd saves 12 entries of 61, dgrad 6 of 24.
   EXPECT_TRUE(gpu::sm90::fold_tail_pays(sizes.data(), G, N) &&
               gpu::sm90::fold_tail_pays(sizes.data(), G, K));
   for (const char* setting : {static_cast<const char*>(nullptr), "npair"}) {
