@@ -24,8 +24,11 @@
 //     shape (groups of ~256 +- 16 rows) the M-pair-only version read 15.3 GB from DRAM for an
 //     8.7 GB minimum and ran at 42% of dense. Where the odd tile holds at most 64 rows past the
 //     M-pairs (folds_tail), the group's last M-pair computes them too instead: each of its four
-//     consumer warpgroups multiplies those rows by a quarter of the weight tile it already holds
-//     (wgmma m64n64k16 into 32 more accumulators), so the weight is streamed once;
+//     consumer warpgroups multiplies those rows by a quarter of the weight tile it already holds,
+//     so the weight is streamed once. It does so transposed (the quarter's 64 columns as wgmma's
+//     rows, the tail's rows as its N, rounded up to 16, 32 or 64: tail_width), so a tail of 1-16
+//     rows costs a quarter of a 64-row product (session 26: the DeepSeek-like forward and dgrad
+//     2-3% faster); the second CTA loads its 32 tail rows only for a tail of more than 32;
 //   - the table lists every reader of one weight tile next to each other, groups in order, so
 //     they run at about the same time and the weight is read from DRAM once; except in a group
 //     whose row operand is far larger than L2 while its weight fits (the DeepSeek-like skewed

@@ -89,7 +89,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
 }
 
 // d[64 x 64] += A[64 x 16] . B[16 x 64]: wgmma_m64n256k16 for a quarter of the columns (the
-// forward's folded tail rows, gpu/grouped_gemm_sm90.cu).
+// forward's folded tail of 33-64 rows, transposed: gpu/grouped_gemm_sm90.cu, consume_tile).
 #define MOE_WGMMA_REGS32                                                   \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"

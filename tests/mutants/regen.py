@@ -431,6 +431,17 @@ M = [
      "cudaMemcpyAsync(slot.host, group_sizes.data(), G * sizeof(int32_t),",
      "read_group_plan through the pinned slot: int64 group sizes copied with the int32 byte "
      "count, so the later half of the groups read whatever the slot held before"),
+    ("088", "sm90_tail_width_too_narrow", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "return rows <= 16 ? 16 : rows <= 32 ? 32 : 64;",
+     "return rows <= 16 ? 16 : rows <= 48 ? 32 : 64;",
+     "sm90 folded tail: tails of 33-48 rows multiplied at width 32, so their rows 32-47 are "
+     "never computed or stored (forward / dgrad of groups of 4 m + 1 64-row slots)"),
+    ("089", "sm90_tail_store_row_pair", "index", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int r = 8 * j + 2 * (lane % 4) + e;",
+     "const int r = 8 * j + 2 * (lane % 4);",
+     "sm90 folded tail: the transposed accumulator's two tail rows of a register pair both "
+     "stored at the first, so every odd tail row is left unwritten and the even ones hold the "
+     "odd rows' sums"),
 ]
 
 
