@@ -6,8 +6,8 @@
 # top 3 warp-stall reasons by share.
 #
 #   scripts/gpu_profile.sh [--build DIR] [--out DIR] [--set NAME ...] [--keep-rep] [--count N]
-#                          [--skip N] [--timeout S] [--full] [--ncu-arg ARG]... [--list]
-#                          [--dry-run]
+#                          [--skip N] [--timeout S] [--full] [--source] [--ncu-arg ARG]...
+#                          [--list] [--dry-run]
 #
 # Run from the repo root on a GPU machine with DIR/moe-harness built (CUDA backend):
 #   export PATH=/usr/local/cuda/bin:$PATH   # (the script also prepends it when it exists)
@@ -57,6 +57,12 @@
 # (--ncu-arg --clock-control=none to profile at the boost clocks bench times at), so durations
 # read a little above bench's medians.
 #
+# --source adds the SourceCounters section (warp-stall samples per SASS instruction), exports them
+# (ncu --import ... --csv --page source --print-source sass: T/sass.csv) and summarises them with
+# scripts/ncu_source_summary.py into T/source.txt (the reasons' shares, the most-sampled
+# instructions; a branch after an mbarrier try_wait is marked as that wait), printed after the
+# target's line. Session 26's use: the sm90 forward's consumers spend half their samples waiting
+# for a stage to land (docs/perf.md).
 # Output under --out (default out/profile), per target T: T/ncu.log (ncu and bench output),
 # T/T.ncu-rep (only with --keep-rep), T/raw.csv (ncu --import ... --csv --page raw), T/summary.csv
 # and T/summary.txt; for the run: summary.csv, summary.txt and the table on stdout.
@@ -101,7 +107,7 @@ metrics+=,launch__registers_per_thread,launch__grid_size,lts__t_bytes.sum
 
 build=${MOE_BUILD_DIR:-build}
 out=out/profile
-keep_rep=0 count=2 skip=8 timeout_s=120 full=0 list=0 dry=0
+keep_rep=0 count=2 skip=8 timeout_s=120 full=0 source=0 list=0 dry=0
 chosen=()
 ncu_extra=()
 
@@ -132,6 +138,7 @@ while [[ $# -gt 0 ]]; do
     --skip) need_value "$1" $#; need_int "$1" "$2" 0; skip=$2; shift 2 ;;
     --timeout) need_value "$1" $#; need_int "$1" "$2" 1; timeout_s=$2; shift 2 ;;
     --full) full=1; shift ;;
+    --source) source=1; shift ;;
     --ncu-arg) need_value "$1" $#; ncu_extra+=("$2"); shift 2 ;;
     --ncu-arg=*) ncu_extra+=("${1#*=}"); shift ;;
     --list) list=1; shift ;;
@@ -187,6 +194,7 @@ make_cmd() {  # target spec, directory, with_metrics
     local s
     for s in "${sections[@]}"; do cmd+=(--section "$s"); done
   fi
+  if [[ $source -eq 1 && $full -eq 0 ]]; then cmd+=(--section SourceCounters); fi
   if [[ $3 -eq 1 ]]; then cmd+=(--metrics "$metrics"); fi
   cmd+=("${ncu_extra[@]}" --force-overwrite -o "$2/$name"
         "$bin" bench --op "$op" --case "$bcase" --samples 20)
@@ -264,6 +272,12 @@ https://developer.nvidia.com/ERR_NVGPUCTRPERM); log: $log" 3
       "$ncu" --import "$rep" --csv --page raw >"$tdir/raw.csv" 2>"$tdir/import.err" ||
         why="${why:+$why; }ncu --import failed: $(head -c 300 "$tdir/import.err")"
     fi
+    if [[ $source -eq 1 ]]; then
+      "$ncu" --import "$rep" --csv --page source --print-source sass >"$tdir/sass.csv" \
+        2>"$tdir/source.err" &&
+        python3 "$here/ncu_source_summary.py" "$tdir/sass.csv" >"$tdir/source.txt" \
+          2>>"$tdir/source.err"
+    fi
     [[ $keep_rep -eq 1 ]] || rm -f "$rep"
   elif [[ $profiled -eq 0 && -z $why ]]; then
     why="no kernel matched regex:$re after $skip skipped matching launches (ncu exit $rc)"
@@ -277,6 +291,11 @@ https://developer.nvidia.com/ERR_NVGPUCTRPERM); log: $log" 3
       "$name=$tdir/raw.csv" >/dev/null 2>"$tdir/summary.err"; then
     echo "${secs}s, $profiled launch(es) profiled${bench_msg:+ (bench said: $bench_msg)}"
     inputs+=("$name=$tdir/raw.csv")
+    if [[ $source -eq 1 && -s $tdir/source.txt ]]; then
+      sed 's/^/    /' "$tdir/source.txt"
+    elif [[ $source -eq 1 ]]; then
+      echo "    no source summary: $(head -c 300 "$tdir/source.err" 2>/dev/null)"
+    fi
   else
     [[ -n $why ]] || why="no kernel matched regex:$re after $skip skipped launches"
     if [[ -n $bench_msg ]]; then why="bench said: $bench_msg; $why"; fi
@@ -287,7 +306,9 @@ https://developer.nvidia.com/ERR_NVGPUCTRPERM); log: $log" 3
     failed+=("$name: $why")
     status=1
   fi
-  for f in "$tdir/import.err" "$tdir/summary.err"; do [[ -s $f ]] || rm -f "$f"; done
+  for f in "$tdir/import.err" "$tdir/summary.err" "$tdir/source.err"; do
+    [[ -s $f ]] || rm -f "$f"
+  done
 done
 echo "gpu_profile.sh: ${#selected[@]} target(s) in $((SECONDS - start_all))s"
 echo
