@@ -94,6 +94,7 @@ struct KParams {
   // Groups of more than band_over M-pairs are walked in bands of band_pairs M-pairs (see decode).
   int band_pairs, band_over;
   bool wide_store;  // 16-bit c without bias or accumulation: store_block_wide (wide_store_setting)
+  bool narrow;      // a warpgroup's rows of at most 32: the transposed product (narrow_setting)
 };
 
 // The row kernel's TMA descriptors, per operand pair: the row operand in boxes of 128, 64 and 32
@@ -736,20 +737,18 @@ __device__ __forceinline__ void store1(TC* p, float v) {
   }
 }
 
-// The folded tail's block of consumer warpgroup w = 2 rank + cw of the pair: rows [tail0,
-// row_end), columns [n0 + 64 w, n0 + 64 w + 64) below Nc, from its transposed accumulators
-// (consume_tile: acc_t is c^T, 64 columns by kN tail rows, in m64nNk16's fragment layout:
-// acc_t[4j + 2h + e] is column 16 warp + lane / 4 + 8 h, tail row 8 j + 2 (lane % 4) + e).
-// c = rnd(acc (+ bias) (+ c)) as store_block, one element at a time: the tail is at most 64 of a
-// pair's 320 rows.
+// A block of c of 64 columns [n0, n0 + 64) (those below Nc) by rows [r0, r0 + min(rows, kN))
+// of group g, from transposed accumulators (c^T, 64 columns by kN rows, in m64nNk16's fragment
+// layout: acc_t[4j + 2h + e] is column 16 warp + lane / 4 + 8 h, row 8 j + 2 (lane % 4) + e).
+// c = rnd(acc (+ bias) (+ c)) as store_block, one element at a time: such blocks are a group's
+// last few rows (a folded tail, a narrow warpgroup).
 template <class TC, class TB, bool kAccumulate, int kN>
-__device__ __forceinline__ void store_tail(const KParams& p, const Tile& tl, int w,
-                                           const float (&acc_t)[kN / 2]) {
-  const int64_t n0 = tl.n0 + 64 * w;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(kN), tl.row_end - tl.tail0));
+__device__ __forceinline__ void store_transposed(const KParams& p, int g, int64_t r0, int64_t n0,
+                                                 int64_t row_count, const float (&acc_t)[kN / 2]) {
+  const int rows = static_cast<int>(min(static_cast<int64_t>(kN), row_count));
   const int cols = static_cast<int>(min(static_cast<int64_t>(64), p.nc - n0));
   if (rows <= 0 || cols <= 0) return;
-  TC* c = static_cast<TC*>(p.c) + tl.tail0 * p.nc + n0;
+  TC* c = static_cast<TC*>(p.c) + r0 * p.nc + n0;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -757,7 +756,7 @@ __device__ __forceinline__ void store_tail(const KParams& p, const Tile& tl, int
     if (col >= cols) continue;
     [[maybe_unused]] float bv = 0.0f;
     if constexpr (!std::is_same_v<TB, NoBias>)
-      bv = load1(static_cast<const TB*>(p.bias) + tl.g * p.nc + n0 + col);
+      bv = load1(static_cast<const TB*>(p.bias) + g * p.nc + n0 + col);
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
@@ -771,6 +770,28 @@ __device__ __forceinline__ void store_tail(const KParams& p, const Tile& tl, int
       }
     }
   }
+}
+
+// The folded tail's block of consumer warpgroup w = 2 rank + cw of the pair: rows [tail0,
+// row_end), columns [n0 + 64 w, n0 + 64 w + 64), from its transposed accumulators (consume_tile).
+template <class TC, class TB, bool kAccumulate, int kN>
+__device__ __forceinline__ void store_tail(const KParams& p, const Tile& tl, int w,
+                                           const float (&acc_t)[kN / 2]) {
+  store_transposed<TC, TB, kAccumulate, kN>(p, tl.g, tl.tail0, tl.n0 + 64 * w,
+                                            tl.row_end - tl.tail0, acc_t);
+}
+
+// A narrow warpgroup's block (consume_narrow): its rows [row0 + 64 cw, row_end) (at most kN), all
+// four 64-column quarters of the tile, each from its transposed accumulators acc[q kN / 2 ..].
+template <class TC, class TB, bool kAccumulate, int kN>
+__device__ __forceinline__ void store_narrow(const KParams& p, const Tile& tl, int cw,
+                                             const float (&acc)[128]) {
+  const int64_t r0 = tl.row0 + 64 * cw;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    store_transposed<TC, TB, kAccumulate, kN>(
+        p, tl.g, r0, tl.n0 + 64 * q, tl.row_end - r0,
+        *reinterpret_cast<const float(*)[kN / 2]>(acc + q * (kN / 2)));
 }
 
 // Calls f(TB{}) with the bias element type of the launch (p.bias_type; NoBias without a bias).
@@ -802,6 +823,20 @@ __device__ __forceinline__ void store_tile(const KParams& p, const Tile& tl, int
     } else {
       store_fragment<TC, TB, false>(p, tl, cw, acc);
       if constexpr (kTailN > 0) store_tail<TC, TB, false, kTailN>(p, tl, w, *acc_t);
+    }
+  });
+}
+
+// store_tile for a narrow warpgroup (consume_narrow).
+template <class TC, int kN>
+__device__ __forceinline__ void store_tile_narrow(const KParams& p, const Tile& tl, int cw,
+                                                  const float (&acc)[128]) {
+  with_bias_type(p.bias_type, [&](auto tag) {
+    using TB = decltype(tag);
+    if (p.accumulate) {
+      store_narrow<TC, TB, true, kN>(p, tl, cw, acc);
+    } else {
+      store_narrow<TC, TB, false, kN>(p, tl, cw, acc);
     }
   });
 }
@@ -877,6 +912,34 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
         wgmma_m64nk16<kTailN, T, kBKMajor ? 0 : 1, 0>(acc_t, desc_b(sw, kk), desc_a(st, kk));
+    }
+  });
+}
+
+// consume_tile for a warpgroup whose 64 rows hold at most kN (16 or 32) of the group's (its
+// group's last rows): the weight tile's four 64-column quarters (A, as a folded tail's) by its
+// first kN rows (B: K-major), transposed, into acc[q kN / 2 ..]: kN / 64 of the products of
+// m64n256k16.
+template <class T, bool kBKMajor, bool kFold, int kN>
+__device__ __forceinline__ void consume_narrow(const KParams& p, uint8_t* smem, uint64_t* full,
+                                               uint64_t* empty, int cw, int& it,
+                                               float (&acc)[128]) {
+  constexpr int kStageBytesR = stage_bytes_rows(kFold);
+  auto desc_a = [](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
+  auto desc_b = [](uint32_t base, int kk) {
+    return kBKMajor ? make_desc(base + kk * 32, 16, 1024)
+                    : make_desc(base + kk * 2048, kChunkBytes, 1024);
+  };
+  consume_stages<true>(full, empty, p.k_blocks, it, [&](int s) {
+    const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
+    const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t sw = sb + q * (kBKMajor ? 64 * 128 : kChunkBytes);
+      float(&aq)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(acc + q * (kN / 2));
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_m64nk16<kN, T, kBKMajor ? 0 : 1, 0>(aq, desc_b(sw, kk), desc_a(sa, kk));
     }
   });
 }
@@ -1092,12 +1155,22 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       } else {
         // No tail: the tail accumulators are not touched (kTailN 0); acc stands in for them.
         float(&none)[1] = *reinterpret_cast<float(*)[1]>(acc);
-        if (active) {
-          consume_tile<T, kBKMajor, kFold, true, 0>(p, smem, full, empty, cw, w, it, acc, none);
+        // A warpgroup's rows of the group: at most 32 of its 64 take the narrow product.
+        const int64_t mine = tl.row_end - (tl.row0 + 64 * cw);
+        if (active && p.narrow && mine <= 16) {
+          consume_narrow<T, kBKMajor, kFold, 16>(p, smem, full, empty, cw, it, acc);
+          store_tile_narrow<TC, 16>(p, tl, cw, acc);
+        } else if (active && p.narrow && mine <= 32) {
+          consume_narrow<T, kBKMajor, kFold, 32>(p, smem, full, empty, cw, it, acc);
+          store_tile_narrow<TC, 32>(p, tl, cw, acc);
         } else {
-          consume_tile<T, kBKMajor, kFold, false, 0>(p, smem, full, empty, cw, w, it, acc, none);
+          if (active) {
+            consume_tile<T, kBKMajor, kFold, true, 0>(p, smem, full, empty, cw, w, it, acc, none);
+          } else {
+            consume_tile<T, kBKMajor, kFold, false, 0>(p, smem, full, empty, cw, w, it, acc, none);
+          }
+          store_tile<TC>(p, tl, cw, w, acc, nullptr);
         }
-        store_tile<TC>(p, tl, cw, w, acc, nullptr);
       }
       t = p.dynamic ? sched_take_warp(sched_full, sched_empty, sched_slot, u++, rank)
                     : t + clusters;
@@ -1517,6 +1590,10 @@ bool wide_store_setting() {
   return two_way_setting("MOE_SM90_STORE", "wide", "plain");
 }
 
+bool narrow_setting() {
+  return two_way_setting("MOE_SM90_NARROW", "auto", "off");
+}
+
 bool mix_setting() {
   return two_way_setting("MOE_SM90_MIX", "auto", "off");
 }
@@ -1638,6 +1715,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
   l2_hints(p, kp);
   band_params(p, kp);
   kp.wide_store = p.wide_store;
+  kp.narrow = p.narrow;
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {

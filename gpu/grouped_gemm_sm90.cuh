@@ -112,6 +112,9 @@ struct RowGroupedProduct {
   // The forward / dgrad epilogue of 16-bit c without bias or accumulation in 16-byte pieces
   // (wide_store_setting).
   bool wide_store = false;
+  // A consumer warpgroup whose 64 rows hold at most 32 of the group's (a group's last rows) takes
+  // the transposed product at their width, 16 or 32, instead of all 64 (narrow_setting).
+  bool narrow = true;
   // At most this many clusters (0: as many as fit): leaves the other SMs to work on other streams
   // (GemmImpl::split).
   int max_clusters = 0;
@@ -146,6 +149,11 @@ L2Hints l2_hints_setting();
 // accumulator fragments: A/B); anything else throws std::invalid_argument naming it. Read on
 // every call.
 bool wide_store_setting();
+
+// MOE_SM90_NARROW (RowGroupedProduct::narrow): unset, empty or "auto" true (a warpgroup's rows
+// of at most 32 multiplied transposed at their width), "off" false (always 64 rows: A/B);
+// anything else throws std::invalid_argument naming it. Read on every call.
+bool narrow_setting();
 
 // MOE_SM90_MIX: unset, empty or "auto" true (draw entries in mixed_order where it mixes), "off"
 // false (table order); anything else throws std::invalid_argument naming it. Read on every call.

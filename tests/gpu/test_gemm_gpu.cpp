@@ -598,6 +598,12 @@ TEST(GemmImplDefault, Sm90StoreVariableIsParsedAndABadValueNamesIt) {
   expect_two_way_knob("MOE_SM90_STORE", gpu::sm90::wide_store_setting, "wide", "plain", "narrow");
 }
 
+// MOE_SM90_NARROW's parse (host only; the kernel: Sm90GemmGpu.EveryPairingMatchesTheFp64Sums-
+// Everywhere runs both settings).
+TEST(GemmImplDefault, Sm90NarrowVariableIsParsedAndABadValueNamesIt) {
+  expect_two_way_knob("MOE_SM90_NARROW", gpu::sm90::narrow_setting, "auto", "off", "on");
+}
+
 TEST(GemmImplDefault, Sm90HintsVariableIsParsedAndABadValueNamesIt) {
   const ScopedEnv env("MOE_SM90_HINTS");
   for (const char* automatic : {static_cast<const char*>(nullptr), "", "auto"}) {
@@ -1464,32 +1470,39 @@ void expect_fp64_sums(const gpu::GroupPlan& plan, int64_t K, int64_t N, const Te
 // give M-pairs, N-pairs for an odd row-tile count (1, 3, 5, ... tiles), 64-row halves past a
 // group's end, folded tails (257, 272, 273, 288, 300 and 545 rows: 4 m + 1 64-row slots; the last
 // at the second M-pair; tails of 1, 16, 17, 32, 44 and 33 rows, so every product width of
-// tail_width, 16, 32 and 64, at both its ends), and with N = 520 (3 column tiles) an N-pair whose
+// tail_width, 16, 32 and 64, at both its ends), warpgroups holding 1-32 of a group's rows, which
+// take the narrow product (1, 65, 80, 129, 200 and 385 rows: width 16, 16 at 80; 81, 90 and 96:
+// width 32; 100: 36 rows, the full product), and with N = 520 (3 column tiles) an N-pair whose
 // partner is past Nc and a tail whose quarters past Nc store nothing. Every element of the forward
 // and of dgrad is checked against its fp64 sum, with the tails folded (MOE_SM90_TAIL unset: auto
-// folds these sizes) and as N-pairs (npair); two runs are bitwise equal; a bad MOE_SM90_TAIL throws
-// before anything is issued.
+// folds these sizes) and as N-pairs (npair), each with the narrow products (MOE_SM90_NARROW unset)
+// and without (off); two runs are bitwise equal; a bad MOE_SM90_TAIL throws before anything is
+// issued.
 TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   MOE_SKIP_WITHOUT_SM90();
-  const ScopedEnv tail("MOE_SM90_TAIL");
-  const std::vector<int64_t> sizes = {1,   64,  65,  128, 129, 200, 0,   256,
-                                      257, 272, 273, 288, 300, 384, 385, 545};
+  const ScopedEnv tail("MOE_SM90_TAIL"), narrow("MOE_SM90_NARROW");
+  const std::vector<int64_t> sizes = {1, 64,  65,  80,  81,  90,  96,  100, 128, 129, 200,
+                                      0, 256, 257, 272, 273, 288, 300, 384, 385, 545};
   const int64_t K = 256, N = 520;
   const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
-  // Unset (auto) must run the folding kernel here: fwd saves 12 entries of 61, dgrad 6 of 24.
+  // Unset (auto) must run the folding kernel here: fwd saves 12 entries of 71, dgrad 6 of 29.
   EXPECT_TRUE(gpu::sm90::fold_tail_pays(sizes.data(), G, N) &&
               gpu::sm90::fold_tail_pays(sizes.data(), G, K));
   for (const char* setting : {static_cast<const char*>(nullptr), "npair"}) {
-    SCOPED_TRACE(std::string("MOE_SM90_TAIL=") + (setting ? setting : "(unset)"));
-    tail.set(setting);
-    int64_t calls = 0;
-    const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
-    EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
-    expect_fp64_sums(plan, K, N, out, gx);
-    const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
-    EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
+    for (const char* narrowing : {static_cast<const char*>(nullptr), "off"}) {
+      SCOPED_TRACE(std::string("MOE_SM90_TAIL=") + (setting ? setting : "(unset)") +
+                   " MOE_SM90_NARROW=" + (narrowing ? narrowing : "(unset)"));
+      tail.set(setting);
+      narrow.set(narrowing);
+      int64_t calls = 0;
+      const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+      EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
+      expect_fp64_sums(plan, K, N, out, gx);
+      const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+      EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "two runs differ";
+    }
   }
   tail.set("fold2");
   gpu::DeviceTensor out(DType::bf16, {R, N});
@@ -1666,15 +1679,16 @@ TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
 // Folded tails (MOE_SM90_TAIL=fold) through every path of the epilogue: a bias of f32 and of bf16
 // added before the one rounding (fwd), and accumulation into an f32 and a bf16 output (fwd and
 // dgrad). Groups of 257, 300 and 545 rows fold (545 at its second M-pair), 100 rows runs as
-// N-pairs; N = 520 gives tails whose quarters past Nc store nothing. Every element of the groups'
-// rows is checked against its fp64 value, and with accumulation the rows past the groups must keep
-// their values.
+// N-pairs, and 10 and 90 rows leave a warpgroup 10 and 26 rows (the narrow products of width 16
+// and 32, the same epilogue); N = 520 gives tails whose quarters past Nc store nothing. Every
+// element of the groups' rows is checked against its fp64 value, and with accumulation the rows
+// past the groups must keep their values.
 TEST(Sm90GemmGpu, FoldedTailsAddTheBiasAndAccumulate) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv tail("MOE_SM90_TAIL");
   tail.set("fold");
   constexpr uint64_t kSeedBias = 31, kSeedC = 37;
-  const std::vector<int64_t> sizes = {257, 100, 300, 545};
+  const std::vector<int64_t> sizes = {257, 100, 10, 300, 90, 545};
   const int64_t K = 256, N = 520;
   const auto [used, R, G, plan, x, w, ct] = operands(sizes, 5, K, N);
   gpu::GemmOptions o;

@@ -442,6 +442,11 @@ M = [
      "sm90 folded tail: the transposed accumulator's two tail rows of a register pair both "
      "stored at the first, so every odd tail row is left unwritten and the even ones hold the "
      "odd rows' sums"),
+    ("090", "sm90_narrow_bound_too_wide", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "} else if (active && p.narrow && mine <= 32) {",
+     "} else if (active && p.narrow && mine <= 48) {",
+     "sm90 narrow warpgroup: 33-48 of a group's rows multiplied at width 32, so its rows 32-47 "
+     "are never computed or stored (a group's last row tile, forward / dgrad)"),
 ]
 
 
