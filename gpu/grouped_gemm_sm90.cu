@@ -1044,11 +1044,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         // Tail entry: rank r loads the tail's rows [tail0 + 32 r, tail0 + 32 r + 32) for both
         // CTAs (a start past M_total loads row 0 instead: never stored); rank 1 only where the
         // tail's products read them (tail_width 64).
-        const bool tail_mine =
-            kFold && tl.tail && (rank == 0 || tail_width(tl.row_end - tl.tail0) > 32);
-        const uint32_t tail_bytes = !(kFold && tl.tail)                      ? 0
-                                    : tail_width(tl.row_end - tl.tail0) > 32 ? kTailBytes
-                                                                             : kTailBytes / 2;
+        const bool tail = kFold && tl.tail;
+        const bool tail_wide = tail && tail_width(tl.row_end - tl.tail0) > 32;
+        const bool tail_mine = tail && (rank == 0 || tail_wide);
+        const uint32_t tail_bytes = !tail ? 0 : tail_wide ? kTailBytes : kTailBytes / 2;
         const uint32_t bytes = (half1 ? kABytes : kABytes / 2) + boxes * kBoxBytes + tail_bytes;
         const int64_t t_row = tl.tail0 + 32 * rank;
         const int tail_row = t_row < p.rows ? static_cast<int>(t_row) : 0;
