@@ -187,4 +187,18 @@ void require_shape(const TensorMeta& t, const Shape& shape, const std::string& w
   }
 }
 
+void require_float_dtype(const TensorMeta& t, const std::string& what, bool allow_f64) {
+  const DType d = t.dtype;
+  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return;
+  if (d == DType::f64 && allow_f64) return;
+  throw std::invalid_argument(what + ": unsupported dtype " + std::string(dtype_name(d)) +
+                              " (expected float32, bfloat16 or float16)");
+}
+
+void require_index_dtype(const TensorMeta& t, const std::string& what) {
+  if (t.dtype == DType::i32 || t.dtype == DType::i64) return;
+  throw std::invalid_argument(what + ": unsupported dtype " + std::string(dtype_name(t.dtype)) +
+                              " (expected int32 or int64)");
+}
+
 }  // namespace moe

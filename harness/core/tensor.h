@@ -89,5 +89,10 @@ using TensorMap = std::map<std::string, Tensor>;
 // Throws std::invalid_argument("<what>: expected ... got ...") unless t has the given rank.
 void require_rank(const TensorMeta& t, size_t rank, const std::string& what);
 void require_shape(const TensorMeta& t, const Shape& shape, const std::string& what);
+// Throws std::invalid_argument("<what>: unsupported dtype D (expected float32, bfloat16 or
+// float16)") unless t is one of those, or float64 where allow_f64 (the reference's own runs).
+void require_float_dtype(const TensorMeta& t, const std::string& what, bool allow_f64);
+// The same for index tensors: int32 or int64.
+void require_index_dtype(const TensorMeta& t, const std::string& what);
 
 }  // namespace moe

@@ -16,14 +16,6 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
-void check_float(const TensorMeta& t, const std::string& what, bool allow_f64) {
-  const DType d = t.dtype;
-  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return;
-  if (d == DType::f64 && allow_f64) return;
-  bad(what + ": unsupported dtype " + std::string(dtype_name(d)) +
-      " (expected float32, bfloat16 or float16)");
-}
-
 }  // namespace
 
 std::string_view moe_backend_name(MoeBackend b) {
@@ -69,7 +61,7 @@ MoeBlockShape validate_moe_block(const TensorMeta& x, const TensorMeta& gate_ker
                                  const TensorMeta* expert_bias, const MoeBlockParams& p,
                                  bool allow_f64) {
   require_rank(x, 3, "x");
-  check_float(x, "x", allow_f64);
+  require_float_dtype(x, "x", allow_f64);
   MoeBlockShape s;
   s.B = x.dim(0);
   s.S = x.dim(1);
@@ -81,26 +73,26 @@ MoeBlockShape validate_moe_block(const TensorMeta& x, const TensorMeta& gate_ker
     bad("gate_kernel: expected [H, num_experts] = " + shape_str({s.H, s.E}) + ", got " +
         shape_str(gate_kernel.shape));
   }
-  check_float(gate_kernel, "gate_kernel", allow_f64);
+  require_float_dtype(gate_kernel, "gate_kernel", allow_f64);
   require_rank(wi_0, 3, "wi_0");
   s.M = wi_0.dim(2);
   require_shape(wi_0, {s.E, s.H, s.M}, "wi_0");
   require_shape(wi_1, {s.E, s.H, s.M}, "wi_1");
   require_shape(wo, {s.E, s.M, s.H}, "wo");
-  check_float(wi_0, "wi_0", allow_f64);
-  check_float(wi_1, "wi_1", allow_f64);
-  check_float(wo, "wo", allow_f64);
+  require_float_dtype(wi_0, "wi_0", allow_f64);
+  require_float_dtype(wi_1, "wi_1", allow_f64);
+  require_float_dtype(wo, "wo", allow_f64);
   if (wi_0_bias) {
     require_shape(*wi_0_bias, {s.E, s.M}, "wi_0_bias");
-    check_float(*wi_0_bias, "wi_0_bias", allow_f64);
+    require_float_dtype(*wi_0_bias, "wi_0_bias", allow_f64);
   }
   if (wi_1_bias) {
     require_shape(*wi_1_bias, {s.E, s.M}, "wi_1_bias");
-    check_float(*wi_1_bias, "wi_1_bias", allow_f64);
+    require_float_dtype(*wi_1_bias, "wi_1_bias", allow_f64);
   }
   if (wo_bias) {
     require_shape(*wo_bias, {s.E, s.H}, "wo_bias");
-    check_float(*wo_bias, "wo_bias", allow_f64);
+    require_float_dtype(*wo_bias, "wo_bias", allow_f64);
   }
   // Router errors (§1.5) as the router sees the [B*S, E] logits, expert_bias with softmax
   // included.

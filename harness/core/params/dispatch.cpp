@@ -19,20 +19,6 @@ std::string str(int64_t v) {
 // Row indices and counts are stored as int32 (row_id_map, tokens_per_expert, sorted_indices).
 constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
 
-void check_float(const TensorMeta& t, const std::string& what, bool allow_f64) {
-  const DType d = t.dtype;
-  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return;
-  if (d == DType::f64 && allow_f64) return;
-  bad(what + ": unsupported dtype " + std::string(dtype_name(d)) +
-      " (expected float32, bfloat16 or float16)");
-}
-
-void check_int_dtype(const TensorMeta& t, const std::string& what) {
-  if (t.dtype == DType::i32 || t.dtype == DType::i64) return;
-  bad(what + ": unsupported dtype " + std::string(dtype_name(t.dtype)) +
-      " (expected int32 or int64)");
-}
-
 void check_i32(const TensorMeta& t, const std::string& what) {
   if (t.dtype != DType::i32) {
     bad(what + ": expected dtype int32, got " + std::string(dtype_name(t.dtype)));
@@ -99,7 +85,7 @@ DispatchDims validate_token_dispatch(const TensorMeta& x, const TensorMeta& rout
         " (SPEC §4.5)");
   }
   require_rank(x, 2, "x");
-  check_float(x, "x", allow_f64);
+  require_float_dtype(x, "x", allow_f64);
   require_rank(routing_map, 2, "routing_map");
   check_map_dtype(routing_map, "routing_map");
   DispatchDims d;
@@ -114,7 +100,7 @@ DispatchDims validate_token_dispatch(const TensorMeta& x, const TensorMeta& rout
   check_rows(d.T, "x");
   if (2 * d.E + 1 > kMaxRows) bad("routing_map: E=" + str(d.E) + " is too large");
   if (probs) {
-    check_float(*probs, "probs", allow_f64);
+    require_float_dtype(*probs, "probs", allow_f64);
     require_shape(*probs, {d.T, d.E}, "probs");
   }
   d.R_out = dispatch_out_rows(p.num_out_tokens, d.E, p.align_size);
@@ -126,7 +112,7 @@ DispatchDims validate_token_dispatch_bwd(const TensorMeta& grad_permuted,
                                          const TensorMeta& row_id_map,
                                          const TensorMeta* pad_offsets, bool allow_f64) {
   require_rank(grad_permuted, 2, "grad_permuted");
-  check_float(grad_permuted, "grad_permuted", allow_f64);
+  require_float_dtype(grad_permuted, "grad_permuted", allow_f64);
   DispatchDims d;
   d.E = check_row_id_map(row_id_map);
   d.T = row_id_map.dim(0);
@@ -134,7 +120,7 @@ DispatchDims validate_token_dispatch_bwd(const TensorMeta& grad_permuted,
   d.H = grad_permuted.dim(1);
   check_rows(d.R_out, "grad_permuted");
   if (grad_permuted_probs) {
-    check_float(*grad_permuted_probs, "grad_permuted_probs", allow_f64);
+    require_float_dtype(*grad_permuted_probs, "grad_permuted_probs", allow_f64);
     require_shape(*grad_permuted_probs, {d.R_out}, "grad_permuted_probs");
   }
   check_pad_offsets(pad_offsets, d.E);
@@ -145,7 +131,7 @@ CombineDims validate_token_combine(const TensorMeta& permuted, const TensorMeta&
                                    const TensorMeta* merging_probs, const TensorMeta* pad_offsets,
                                    bool allow_f64) {
   require_rank(permuted, 2, "permuted");
-  check_float(permuted, "permuted", allow_f64);
+  require_float_dtype(permuted, "permuted", allow_f64);
   CombineDims d;
   d.E = check_row_id_map(row_id_map);
   d.T = row_id_map.dim(0);
@@ -153,7 +139,7 @@ CombineDims validate_token_combine(const TensorMeta& permuted, const TensorMeta&
   d.H = permuted.dim(1);
   check_rows(d.R_in, "permuted");
   if (merging_probs) {
-    check_float(*merging_probs, "merging_probs", allow_f64);
+    require_float_dtype(*merging_probs, "merging_probs", allow_f64);
     require_shape(*merging_probs, {d.T, d.E}, "merging_probs");
   }
   check_pad_offsets(pad_offsets, d.E);
@@ -166,7 +152,7 @@ CombineDims validate_token_combine_bwd(const TensorMeta& grad_combined, const Te
                                        const TensorMeta* pad_offsets, bool allow_f64) {
   const CombineDims d =
       validate_token_combine(permuted, row_id_map, merging_probs, pad_offsets, allow_f64);
-  check_float(grad_combined, "grad_combined", allow_f64);
+  require_float_dtype(grad_combined, "grad_combined", allow_f64);
   require_shape(grad_combined, {d.T, d.H}, "grad_combined");
   return d;
 }
@@ -175,11 +161,11 @@ SortChunksDims validate_sort_chunks_by_index(const TensorMeta& x, const TensorMe
                                              const TensorMeta& sorted_indices,
                                              const TensorMeta* probs, bool allow_f64) {
   require_rank(x, 2, "x");
-  check_float(x, "x", allow_f64);
+  require_float_dtype(x, "x", allow_f64);
   require_rank(split_sizes, 1, "split_sizes");
-  check_int_dtype(split_sizes, "split_sizes");
+  require_index_dtype(split_sizes, "split_sizes");
   require_rank(sorted_indices, 1, "sorted_indices");
-  check_int_dtype(sorted_indices, "sorted_indices");
+  require_index_dtype(sorted_indices, "sorted_indices");
   SortChunksDims d{x.dim(0), x.dim(1), split_sizes.dim(0)};
   if (sorted_indices.dim(0) != d.C) {
     bad("sorted_indices: length " + str(sorted_indices.dim(0)) +
@@ -187,7 +173,7 @@ SortChunksDims validate_sort_chunks_by_index(const TensorMeta& x, const TensorMe
   }
   check_rows(d.N_rows, "x");
   if (probs) {
-    check_float(*probs, "probs", true);  // §7: probs may be in any float dtype
+    require_float_dtype(*probs, "probs", true);  // §7: probs may be in any float dtype
     require_shape(*probs, {d.N_rows}, "probs");
   }
   return d;
@@ -196,7 +182,7 @@ SortChunksDims validate_sort_chunks_by_index(const TensorMeta& x, const TensorMe
 void validate_sort_chunks_by_map(const TensorMeta& y, const TensorMeta& row_id_map,
                                  bool allow_f64) {
   if (y.rank() != 1 && y.rank() != 2) bad("y: expected a 1-D or 2-D tensor, got " + y.describe());
-  check_float(y, "y", allow_f64);
+  require_float_dtype(y, "y", allow_f64);
   require_rank(row_id_map, 1, "row_id_map");
   check_i32(row_id_map, "row_id_map");
   if (row_id_map.dim(0) != y.dim(0)) {
@@ -209,7 +195,7 @@ void validate_routing_map_to_selected_experts(const TensorMeta& sparse_probs,
                                               const TensorMeta& routing_map, int64_t topk,
                                               bool allow_f64) {
   require_rank(sparse_probs, 2, "sparse_probs");
-  check_float(sparse_probs, "sparse_probs", allow_f64);
+  require_float_dtype(sparse_probs, "sparse_probs", allow_f64);
   require_rank(routing_map, 2, "routing_map");
   check_map_dtype(routing_map, "routing_map");
   if (routing_map.shape != sparse_probs.shape) {
@@ -226,9 +212,9 @@ void validate_routing_map_to_selected_experts_bwd(const TensorMeta& grad_weights
                                                   const TensorMeta& selected_experts,
                                                   int64_t num_experts, bool allow_f64) {
   require_rank(grad_weights, 2, "grad_weights");
-  check_float(grad_weights, "grad_weights", allow_f64);
+  require_float_dtype(grad_weights, "grad_weights", allow_f64);
   require_rank(selected_experts, 2, "selected_experts");
-  check_int_dtype(selected_experts, "selected_experts");
+  require_index_dtype(selected_experts, "selected_experts");
   if (selected_experts.shape != grad_weights.shape) {
     bad("selected_experts: shape " + shape_str(selected_experts.shape) +
         " differs from grad_weights' " + shape_str(grad_weights.shape));
@@ -268,9 +254,9 @@ ArgsortPermParams validate_argsort_token_dispatch(const TensorMeta& x,
     }
   }
   require_rank(x, 2, "x");
-  check_float(x, "x", allow_f64);
+  require_float_dtype(x, "x", allow_f64);
   require_rank(selected_experts, 2, "selected_experts");
-  check_int_dtype(selected_experts, "selected_experts");
+  require_index_dtype(selected_experts, "selected_experts");
   if (selected_experts.dim(0) != x.dim(0)) {
     bad("selected_experts: T=" + str(selected_experts.dim(0)) +
         " differs from x's T=" + str(x.dim(0)));
@@ -311,7 +297,7 @@ void check_sorted_rows(const TensorMeta& rows, const TensorMeta& sorted_indices,
         rows.describe());
   }
   require_rank(sorted_indices, 1, "sorted_indices");
-  check_int_dtype(sorted_indices, "sorted_indices");
+  require_index_dtype(sorted_indices, "sorted_indices");
   require_shape(sorted_indices, {n}, "sorted_indices");
 }
 }  // namespace
@@ -321,7 +307,7 @@ void validate_argsort_token_dispatch_bwd(const TensorMeta& grad_sorted_x,
                                          const ArgsortPermParams& p, bool allow_f64) {
   check_perm_state(p);
   require_rank(grad_sorted_x, 2, "grad_sorted_x");
-  check_float(grad_sorted_x, "grad_sorted_x", allow_f64);
+  require_float_dtype(grad_sorted_x, "grad_sorted_x", allow_f64);
   check_sorted_rows(grad_sorted_x, sorted_indices, p, "grad_sorted_x");
 }
 
@@ -330,9 +316,9 @@ void validate_argsort_token_combine(const TensorMeta& expert_outputs,
                                     const ArgsortPermParams& p, bool allow_f64) {
   check_perm_state(p);
   require_rank(expert_outputs, 2, "expert_outputs");
-  check_float(expert_outputs, "expert_outputs", allow_f64);
+  require_float_dtype(expert_outputs, "expert_outputs", allow_f64);
   check_sorted_rows(expert_outputs, sorted_indices, p, "expert_outputs");
-  check_float(weights, "weights", allow_f64);
+  require_float_dtype(weights, "weights", allow_f64);
   require_shape(weights, {p.num_real_tokens / p.topk, p.topk}, "weights");
 }
 
@@ -341,7 +327,7 @@ void validate_argsort_token_combine_bwd(const TensorMeta& grad_combined,
                                         const TensorMeta& sorted_indices, const TensorMeta& weights,
                                         const ArgsortPermParams& p, bool allow_f64) {
   validate_argsort_token_combine(expert_outputs, sorted_indices, weights, p, allow_f64);
-  check_float(grad_combined, "grad_combined", allow_f64);
+  require_float_dtype(grad_combined, "grad_combined", allow_f64);
   require_shape(grad_combined, {p.num_real_tokens / p.topk, expert_outputs.dim(1)},
                 "grad_combined");
 }

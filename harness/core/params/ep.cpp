@@ -17,21 +17,6 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
-void check_float(const TensorMeta& t, const std::string& what, bool allow_f64) {
-  const DType d = t.dtype;
-  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return;
-  if (d == DType::f64 && allow_f64) return;
-  bad(what + ": unsupported dtype " + std::string(dtype_name(d)) +
-      " (expected float32, bfloat16 or float16)");
-}
-
-void check_int(const TensorMeta& t, const std::string& what) {
-  if (t.dtype != DType::i32 && t.dtype != DType::i64) {
-    bad(what + ": unsupported dtype " + std::string(dtype_name(t.dtype)) +
-        " (expected int32 or int64)");
-  }
-}
-
 void check_num_ep(int64_t num_ep) {
   if (num_ep < 1) bad("num_ep: must be >= 1, got " + str(num_ep));
 }
@@ -55,7 +40,7 @@ A2ADirection opposite(A2ADirection d) {
 int64_t validate_ep_counts(const TensorMeta& a, int64_t num_ep) {
   check_num_ep(num_ep);
   require_rank(a, 2, "all_shards_tokens_per_expert");
-  check_int(a, "all_shards_tokens_per_expert");
+  require_index_dtype(a, "all_shards_tokens_per_expert");
   if (a.dim(0) != num_ep) {
     bad("all_shards_tokens_per_expert: expected " + str(num_ep) + " rows (num_ep), got shape " +
         shape_str(a.shape));
@@ -99,7 +84,7 @@ void validate_ragged_all_to_all(const std::vector<TensorMeta>& operand,
     const std::string rk = "[rank " + str(r) + "]";
     require_rank(operand[r], 2, "operand" + rk);
     require_rank(output_init[r], 2, "output_init" + rk);
-    check_float(operand[r], "operand" + rk, allow_f64);
+    require_float_dtype(operand[r], "operand" + rk, allow_f64);
     if (operand[r].dtype != operand[0].dtype || operand[r].shape != operand[0].shape) {
       bad("operand" + rk + ": every rank must hold the same dtype and shape, got " +
           operand[r].describe() + " vs " + operand[0].describe());
@@ -123,7 +108,7 @@ void validate_ragged_all_to_all(const std::vector<TensorMeta>& operand,
         {&recv_sizes[r], "recv_sizes"}};
     for (auto [m, name] : arrays) {
       require_shape(*m, {num_ep}, name + rk);
-      check_int(*m, name + rk);
+      require_index_dtype(*m, name + rk);
     }
   }
 }
@@ -196,13 +181,13 @@ void validate_local_permute_after_a2a(const TensorMeta& x_recv, const TensorMeta
   validate_ep_counts(a, num_ep);
   validate_shard_id(shard_id, num_ep);
   require_rank(x_recv, 2, "x_recv");
-  check_float(x_recv, "x_recv", allow_f64);
+  require_float_dtype(x_recv, "x_recv", allow_f64);
 }
 
 void validate_local_unpermute_before_a2a(const TensorMeta& y, const TensorMeta& row_id_map,
                                          bool allow_f64) {
   require_rank(y, 2, "expert_outputs");
-  check_float(y, "expert_outputs", allow_f64);
+  require_float_dtype(y, "expert_outputs", allow_f64);
   require_shape(row_id_map, {y.dim(0)}, "row_id_map");
   if (row_id_map.dtype != DType::i32) {
     bad("row_id_map: unsupported dtype " + std::string(dtype_name(row_id_map.dtype)) +

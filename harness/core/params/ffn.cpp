@@ -15,20 +15,9 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
-void check_float(const TensorMeta& t, const std::string& what, bool allow_f64) {
-  const DType d = t.dtype;
-  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return;
-  if (d == DType::f64 && allow_f64) return;
-  bad(what + ": unsupported dtype " + std::string(dtype_name(d)) +
-      " (expected float32, bfloat16 or float16)");
-}
-
 void check_group_sizes_meta(const TensorMeta& gs) {
   require_rank(gs, 1, "group_sizes");
-  if (gs.dtype != DType::i32 && gs.dtype != DType::i64) {
-    bad("group_sizes: unsupported dtype " + std::string(dtype_name(gs.dtype)) +
-        " (expected int32 or int64)");
-  }
+  require_index_dtype(gs, "group_sizes");
   if (gs.dim(0) < 1) bad("group_sizes: num_groups must be >= 1, got " + str(gs.dim(0)));
 }
 
@@ -49,8 +38,8 @@ GroupedGemmShape validate_grouped_gemm(const TensorMeta& x, const TensorMeta& w,
                                        bool allow_f64) {
   require_rank(x, 2, "x");
   require_rank(w, 3, "w");
-  check_float(x, "x", allow_f64);
-  check_float(w, "w", allow_f64);
+  require_float_dtype(x, "x", allow_f64);
+  require_float_dtype(w, "w", allow_f64);
   check_group_sizes_meta(group_sizes);
   GroupedGemmShape s{x.dim(0), x.dim(1), w.dim(2), group_sizes.dim(0)};
   if (w.dim(0) != s.groups) {
@@ -67,7 +56,7 @@ GroupedGemmShape validate_grouped_gemm(const TensorMeta& x, const TensorMeta& w,
   }
   if (bias) {
     require_shape(*bias, {s.groups, s.n}, "bias");
-    check_float(*bias, "bias", allow_f64);
+    require_float_dtype(*bias, "bias", allow_f64);
   }
   return s;
 }
@@ -78,7 +67,7 @@ FfnShape validate_swiglu_expert_ffn(const TensorMeta& x, const TensorMeta& group
                                     const TensorMeta* wi_1_bias, const TensorMeta* wo_bias,
                                     bool allow_f64) {
   require_rank(x, 2, "x");
-  check_float(x, "x", allow_f64);
+  require_float_dtype(x, "x", allow_f64);
   check_group_sizes_meta(group_sizes);
   require_rank(wi_0, 3, "wi_0");
   FfnShape s{x.dim(0), x.dim(1), wi_0.dim(2), group_sizes.dim(0)};
@@ -88,7 +77,7 @@ FfnShape validate_swiglu_expert_ffn(const TensorMeta& x, const TensorMeta& group
   const std::pair<const TensorMeta*, const char*> ws[] = {
       {&wi_0, "wi_0"}, {&wi_1, "wi_1"}, {&wo, "wo"}};
   for (auto [m, name] : ws) {
-    check_float(*m, name, allow_f64);
+    require_float_dtype(*m, name, allow_f64);
     if (m->dtype != x.dtype) {
       bad(std::string(name) + ": dtype " + std::string(dtype_name(m->dtype)) +
           " differs from x's " + std::string(dtype_name(x.dtype)));
@@ -96,15 +85,15 @@ FfnShape validate_swiglu_expert_ffn(const TensorMeta& x, const TensorMeta& group
   }
   if (wi_0_bias) {
     require_shape(*wi_0_bias, {s.groups, s.inter}, "wi_0_bias");
-    check_float(*wi_0_bias, "wi_0_bias", allow_f64);
+    require_float_dtype(*wi_0_bias, "wi_0_bias", allow_f64);
   }
   if (wi_1_bias) {
     require_shape(*wi_1_bias, {s.groups, s.inter}, "wi_1_bias");
-    check_float(*wi_1_bias, "wi_1_bias", allow_f64);
+    require_float_dtype(*wi_1_bias, "wi_1_bias", allow_f64);
   }
   if (wo_bias) {
     require_shape(*wo_bias, {s.groups, s.hidden}, "wo_bias");
-    check_float(*wo_bias, "wo_bias", allow_f64);
+    require_float_dtype(*wo_bias, "wo_bias", allow_f64);
   }
   return s;
 }

@@ -10,13 +10,6 @@ namespace {
   throw std::invalid_argument(msg);
 }
 
-void check_float_dtype(const TensorMeta& t, const std::string& what, bool allow_f64) {
-  const DType d = t.dtype;
-  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return;
-  if (d == DType::f64 && allow_f64) return;
-  bad(what + ": unsupported dtype " + std::string(dtype_name(d)) +
-      " (expected float32, bfloat16 or float16)");
-}
 }  // namespace
 
 std::string_view score_function_name(ScoreFunction f) {
@@ -52,7 +45,7 @@ MapFormat parse_map_format(std::string_view s) {
 void validate_topk_router(const TensorMeta& logits, const TensorMeta* bias, const RouterParams& p,
                           bool allow_f64) {
   require_rank(logits, 2, "logits");
-  check_float_dtype(logits, "logits", allow_f64);
+  require_float_dtype(logits, "logits", allow_f64);
   const int64_t T = logits.dim(0), E = logits.dim(1);
   if (E <= 0) bad("num_experts: must be > 0, got " + std::to_string(E));
   if (E > kMaxExperts) {
@@ -91,13 +84,13 @@ void validate_topk_router(const TensorMeta& logits, const TensorMeta* bias, cons
       bad("expert_bias: a bias is only allowed with sigmoid or sqrtsoftplus, not softmax");
     }
     require_shape(*bias, {E}, "expert_bias");
-    check_float_dtype(*bias, "expert_bias", allow_f64);
+    require_float_dtype(*bias, "expert_bias", allow_f64);
   }
 }
 
 void validate_aux_loss_scores(const TensorMeta& logits, int64_t topk, bool allow_f64) {
   require_rank(logits, 2, "logits");
-  check_float_dtype(logits, "logits", allow_f64);
+  require_float_dtype(logits, "logits", allow_f64);
   const int64_t E = logits.dim(1);
   if (E <= 0) bad("num_experts: must be > 0, got " + std::to_string(E));
   if (E > kMaxExperts) {
@@ -112,7 +105,7 @@ void validate_aux_loss_scores(const TensorMeta& logits, int64_t topk, bool allow
 AuxLossParams validate_moe_aux_loss(const TensorMeta& probs, const TensorMeta& tpe,
                                     const AuxLossParams& p, bool allow_f64) {
   require_rank(probs, 2, "probs");
-  check_float_dtype(probs, "probs", allow_f64);
+  require_float_dtype(probs, "probs", allow_f64);
   AuxLossParams r = p;
   const int64_t R = probs.dim(0), C = probs.dim(1);
   if (r.num_experts == 0) r.num_experts = C;
