@@ -136,6 +136,11 @@ for tool in ${tools//,/ }; do
   fi
   if [[ $rc -ne 0 ]]; then
     status=1
+    # A test binary that died (a signal, an abort) leaves its last test without an OK / FAILED
+    # line: name it, so the next run can take that test alone.
+    unfinished=$(awk '/^\[ RUN      \]/ { t = $4 } /^\[ +(OK|FAILED) +\]/ { if ($4 == t) t = "" }
+                      END { print t }' "$log")
+    [[ -n $unfinished ]] && echo "$family/$tool: the test binary ended during $unfinished"
     grep -E "^=========" "$log" | head -40
     grep -E "^\[  FAILED  \]" "$log" | head -20
   fi
