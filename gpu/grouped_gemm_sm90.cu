@@ -715,28 +715,6 @@ __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl,
                                    acc);
 }
 
-template <class TB>
-__device__ __forceinline__ float load1(const TB* p) {
-  if constexpr (std::is_same_v<TB, float>) {
-    return *p;
-  } else if constexpr (std::is_same_v<TB, __nv_bfloat16>) {
-    return __bfloat162float(*p);
-  } else {
-    return __half2float(*p);
-  }
-}
-
-template <class TC>
-__device__ __forceinline__ void store1(TC* p, float v) {
-  if constexpr (std::is_same_v<TC, float>) {
-    *p = v;
-  } else if constexpr (std::is_same_v<TC, __nv_bfloat16>) {
-    *p = __float2bfloat16_rn(v);
-  } else {
-    *p = __float2half_rn(v);
-  }
-}
-
 // A block of c of 64 columns [n0, n0 + 64) (those below Nc) by rows [r0, r0 + min(rows, kN))
 // of group g, from transposed accumulators (c^T, 64 columns by kN rows, in m64nNk16's fragment
 // layout: acc_t[4j + 2h + e] is column 16 warp + lane / 4 + 8 h, row 8 j + 2 (lane % 4) + e).
@@ -756,7 +734,7 @@ __device__ __forceinline__ void store_transposed(const KParams& p, int g, int64_
     if (col >= cols) continue;
     [[maybe_unused]] float bv = 0.0f;
     if constexpr (!std::is_same_v<TB, NoBias>)
-      bv = load1(static_cast<const TB*>(p.bias) + g * p.nc + n0 + col);
+      bv = to_f32(*(static_cast<const TB*>(p.bias) + g * p.nc + n0 + col));
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
 #pragma unroll
@@ -765,8 +743,9 @@ __device__ __forceinline__ void store_transposed(const KParams& p, int g, int64_
         if (r >= rows) continue;
         float v = acc_t[4 * j + 2 * h + e];
         if constexpr (!std::is_same_v<TB, NoBias>) v += bv;
-        if constexpr (kAccumulate) v += load1(c + r * p.nc + col);
-        store1(c + r * p.nc + col, v);
+        TC* const out = c + r * p.nc + col;
+        if constexpr (kAccumulate) v += to_f32(*out);
+        *out = from_f32<TC>(v);
       }
     }
   }
