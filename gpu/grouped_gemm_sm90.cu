@@ -855,6 +855,18 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
   consume_stages<kActive>(full, empty, k_blocks, it, mma, [](int) {});
 }
 
+// Descriptors of k-slice kk (16 deep) of a stage's tile at base (consume_tile, consume_narrow):
+// the row operand's (K-major, rows of 128 bytes) and the weight's (K-major, or MN-major 64-column
+// boxes kChunkBytes apart).
+__device__ __forceinline__ uint64_t row_desc(uint32_t base, int kk) {
+  return make_desc(base + kk * 32, 16, 1024);
+}
+template <bool kBKMajor>
+__device__ __forceinline__ uint64_t weight_desc(uint32_t base, int kk) {
+  return kBKMajor ? make_desc(base + kk * 32, 16, 1024)
+                  : make_desc(base + kk * 2048, kChunkBytes, 1024);
+}
+
 // One forward / dgrad tile for one consumer warpgroup (consume_stages): its 64 rows of the stage's
 // row tile (K-major) by the weight tile into acc, and for a tail entry (kTailN > 0) columns
 // [64 w, 64 w + 64) of the weight tile by the stage's first kTailN tail rows into acc_t,
@@ -869,19 +881,13 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
   static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
   static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
-  // Descriptors of k-slice kk (16 deep) of a tile at base: the row operand's (K-major, rows of
-  // 128 bytes) and the weight's (K-major, or MN-major 64-column boxes kChunkBytes apart).
-  auto desc_a = [](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
-  auto desc_b = [](uint32_t base, int kk) {
-    return kBKMajor ? make_desc(base + kk * 32, 16, 1024)
-                    : make_desc(base + kk * 2048, kChunkBytes, 1024);
-  };
   consume_stages<kActive>(full, empty, p.k_blocks, it, [&](int s) {
     const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
     const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, desc_a(sa, kk), desc_b(sb, kk));
+      wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, row_desc(sa, kk),
+                                               weight_desc<kBKMajor>(sb, kk));
     if constexpr (kTail) {
       // The weight tile's columns 64 w.. (A: 64 rows of the K-major tile, 8 KiB each, or the
       // w-th 64-column box of the MN-major one, whose descriptor reads it M-major) by the tail's
@@ -890,7 +896,8 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
       const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64nk16<kTailN, T, kBKMajor ? 0 : 1, 0>(acc_t, desc_b(sw, kk), desc_a(st, kk));
+        wgmma_m64nk16<kTailN, T, kBKMajor ? 0 : 1, 0>(acc_t, weight_desc<kBKMajor>(sw, kk),
+                                                      row_desc(st, kk));
     }
   });
 }
@@ -904,11 +911,6 @@ __device__ __forceinline__ void consume_narrow(const KParams& p, uint8_t* smem, 
                                                uint64_t* empty, int cw, int& it,
                                                float (&acc)[128]) {
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
-  auto desc_a = [](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
-  auto desc_b = [](uint32_t base, int kk) {
-    return kBKMajor ? make_desc(base + kk * 32, 16, 1024)
-                    : make_desc(base + kk * 2048, kChunkBytes, 1024);
-  };
   consume_stages<true>(full, empty, p.k_blocks, it, [&](int s) {
     const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
     const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
@@ -918,7 +920,8 @@ __device__ __forceinline__ void consume_narrow(const KParams& p, uint8_t* smem, 
       float(&aq)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(acc + q * (kN / 2));
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64nk16<kN, T, kBKMajor ? 0 : 1, 0>(aq, desc_b(sw, kk), desc_a(sa, kk));
+        wgmma_m64nk16<kN, T, kBKMajor ? 0 : 1, 0>(aq, weight_desc<kBKMajor>(sw, kk),
+                                                  row_desc(sa, kk));
     }
   });
 }
