@@ -9,7 +9,8 @@ Samples)", ..., then one "stall_<reason>" column per reason and the same again w
 " (Not Issued)" suffix), then one row per SASS instruction. Several kernels follow each other,
 each with its own name line and header. Numbers may carry thousands separators.
 
-Per kernel it prints:
+Per kernel it prints (a block whose name and rows repeat the one before it, as ncu prints for
+each profiled launch of a kernel, is named once more but not summarised again):
   - the samples in all, and each stall reason's share of them (the first --reasons), from the
     "stall_<reason>" columns (all samples, issued or not);
   - the --top instructions by their samples: address (last 5 hex digits), share, times executed,
@@ -114,7 +115,14 @@ def main():
         print(f"ncu_source_summary.py: {args.file}: {e.strerror}", file=sys.stderr)
         return 2
     ok = False
+    last = None
     for name, header, rows in kernels(lines):
+        # ncu can print one block per profiled launch with the same rows in each (seen on the
+        # H100, session 27): say so once instead of repeating the block.
+        if last == (name, header, rows):
+            print(f"kernel {name}: the same rows as the block above (another launch), not repeated")
+            continue
+        last = (name, header, rows)
         ok = summarise(name, header, rows, args.top, args.reasons, sys.stdout) or ok
     if not ok:
         print(f"ncu_source_summary.py: {args.file}: no kernel with stall samples", file=sys.stderr)
