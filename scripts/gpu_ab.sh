@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# A/B of the grouped GEMM benchmark in one device call: side a is the tree as it is, side b the
+# same tree with a patch applied (a kernel change) or the same binary under other variables (a
+# knob). GemmBench (tests/gpu/test_gemm_gpu.cpp) runs the two sides interleaved, a b a b ..., so
+# clock and power drift fall on both; then a table of every row's times per side.
+#
+#   scripts/gpu_ab.sh [--patch FILE] [--env-a 'K=V ...'] [--env-b 'K=V ...'] [--rounds N]
+#                     [--cases LIST] [--impls LIST] [--build DIR] [--out DIR] [--timeout S]
+#                     [--dry-run]
+#   scripts/gpu_ab.sh --summary FILE     # the table again, from a run's ab.txt
+#
+# Defaults: 3 rounds, --cases deepseek_uniform,deepseek_skewed, --impls sm90w, --build
+# /tmp/moe-ab (a directory of its own: a machine may hold another session's build elsewhere),
+# --out $OUT or build-gpu/ab, --timeout 900 (seconds for each build; a run gets 60). The build
+# log of each side goes to the out dir, and a build that fails or runs out stops the script
+# with its last lines. With --patch, side b is built in the same directory after `patch -p1`
+# (only what the patch touches is rebuilt) and the patch is reverted at the end. Without
+# --patch, --env-a or --env-b must differ from the other.
+#
+# Out dir: build_a.log, build_b.log, ab.txt (each GemmBench line, tagged "<side> <round>"),
+# summary.txt (the table). Needs a GPU, the CUDA toolkit, and the Debian deps unpacked as
+# scripts/gpu_gate.sh does (.deps/debs) or installed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+usage() {
+  echo "gpu_ab.sh: $1" >&2
+  echo "usage: scripts/gpu_ab.sh [--patch FILE] [--env-a 'K=V ...'] [--env-b 'K=V ...']" \
+    "[--rounds N] [--cases LIST] [--impls LIST] [--build DIR] [--out DIR] [--timeout S]" \
+    "[--dry-run] | --summary FILE" >&2
+  exit 2
+}
+
+# The table: for each GemmBench row (case, impl, and what it times), its times on side a, then on
+# side b, in round order, and the ratio of the medians (b / a).
+summary() {
+  awk '
+    function median(list,   n, v, i, j, t) {
+      n = split(list, v, " ")
+      for (i = 1; i <= n; ++i)
+        for (j = i + 1; j <= n; ++j)
+          if (v[j] + 0 < v[i] + 0) { t = v[i]; v[i] = v[j]; v[j] = t }
+      return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    function add(key, side, value) {
+      if (!(key in seen)) { seen[key] = 1; order[++keys] = key }
+      times[key, side] = times[key, side] " " value
+    }
+    # GEMM rows: case impl fwd_ms TFLOP/s dense ratio GB/s | dgrad wgrad | fb ... | fwd+read
+    $5 ~ /^[0-9.]+$/ && $10 == "|" {
+      add($3 " " $4 " fwd", $1, $5); add($3 " " $4 " dgrad", $1, $11)
+      add($3 " " $4 " wgrad", $1, $12); add($3 " " $4 " fwd+bwd", $1, $14)
+      next
+    }
+    # The dense cuBLAS baseline of a case: case dense fwd_ms TFLOP/s dgrad ... (drift shows here)
+    $4 == "dense" && $5 ~ /^[0-9.]+$/ { add($3 " dense fwd", $1, $5); next }
+    # FFN rows: case impl fwd_ms TFLOP/s | fb_ms TFLOP/s
+    $5 ~ /^[0-9.]+$/ && $7 == "|" {
+      add($3 " " $4 " ffn fwd", $1, $5); add($3 " " $4 " ffn fwd+bwd", $1, $8)
+    }
+    END {
+      if (keys == 0) { print "gpu_ab.sh: no GemmBench rows" > "/dev/stderr"; exit 1 }
+      printf "%-36s | %-26s | %-26s | %s\n", "row (ms)", "a", "b", "b/a (medians)"
+      for (k = 1; k <= keys; ++k) {
+        key = order[k]; a = times[key, "a"]; b = times[key, "b"]
+        r = (a != "" && b != "") ? sprintf("%.3f", median(b) / median(a)) : "-"
+        printf "%-36s |%-27s |%-27s | %s\n", key, a, b, r
+      }
+    }' "$1"
+}
+
+patch_file="" env_a="" env_b="" rounds=3 cases="deepseek_uniform,deepseek_skewed" impls="sm90w"
+build=/tmp/moe-ab out=${OUT:-build-gpu/ab} limit=900 dry=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --summary) [[ $# -ge 2 && -r $2 ]] || usage "--summary: no readable file '${2:-}'"
+      summary "$2"; exit $? ;;
+    --patch|--env-a|--env-b|--rounds|--cases|--impls|--build|--out|--timeout)
+      [[ $# -ge 2 ]] || usage "$1 needs a value"
+      case $1 in
+        --patch) patch_file=$2 ;; --env-a) env_a=$2 ;; --env-b) env_b=$2 ;;
+        --rounds) rounds=$2 ;; --cases) cases=$2 ;; --impls) impls=$2 ;;
+        --build) build=$2 ;; --out) out=$2 ;; --timeout) limit=$2 ;;
+      esac
+      shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    *) usage "unknown argument '$1'" ;;
+  esac
+done
+[[ $rounds =~ ^[1-9][0-9]?$ ]] || usage "--rounds: expected 1..99, got '$rounds'"
+[[ $limit =~ ^[1-9][0-9]*$ ]] || usage "--timeout: expected seconds, got '$limit'"
+for kv in $env_a $env_b; do
+  [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || usage "--env-a / --env-b: expected K=V, got '$kv'"
+done
+if [[ -n $patch_file ]]; then
+  [[ -r $patch_file ]] || usage "--patch: no readable file '$patch_file'"
+  patch -p1 --dry-run -s <"$patch_file" >/dev/null ||
+    usage "--patch: '$patch_file' does not apply to this tree"
+elif [[ $env_a == "$env_b" ]]; then
+  usage "without --patch the sides differ only by --env-a / --env-b, and both are '$env_a'"
+fi
+
+# The two binaries, and each side's variables.
+bin_a=$build/ab_a/moe_gpu_tests bin_b=$build/ab_a/moe_gpu_tests
+[[ -n $patch_file ]] && bin_b=$build/ab_b/moe_gpu_tests
+declare -A bin=([a]=$bin_a [b]=$bin_b) envs=([a]=$env_a [b]=$env_b)
+filter='GemmBench.GroupedVsDense*'
+if [[ $dry -eq 1 ]]; then
+  echo "build: $build (moe_gpu_tests) -> $bin_a${patch_file:+; patch $patch_file -> $bin_b}"
+  for r in $(seq "$rounds"); do
+    for s in a b; do
+      echo "round $r side $s: ${envs[$s]:+${envs[$s]} }MOE_GEMM_BENCH=1" \
+        "MOE_GEMM_BENCH_CASES=$cases MOE_GEMM_BENCH_IMPLS=$impls ${bin[$s]} --gtest_filter=$filter"
+    done
+  done
+  exit 0
+fi
+
+nvidia-smi -L >/dev/null 2>&1 || { echo "gpu_ab.sh: no GPU here (nvidia-smi -L failed)" >&2; exit 2; }
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+prefix=""
+if [[ -d .deps/debs ]]; then  # as scripts/gpu_gate.sh: unpacked once per machine
+  deps=${MOE_DEPS_DIR:-/tmp/moe-deps}
+  if [[ ! -d $deps/root/usr ]]; then
+    rm -rf "$deps" && mkdir -p "$deps" && cp -r .deps/debs .deps/unpack.sh "$deps/" &&
+      bash "$deps/unpack.sh" "$deps" >/dev/null || { echo "gpu_ab.sh: unpacking .deps failed"; exit 2; }
+  fi
+  prefix=$deps/root/usr
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+
+# build SIDE: moe_gpu_tests into $build, copied to $build/ab_SIDE.
+build_side() {
+  local t0=$SECONDS
+  timeout "$limit" cmake --build "$build" --target moe_gpu_tests -j "$(nproc)" \
+    >"$out/build_$1.log" 2>&1
+  local rc=$?
+  echo "build $1: rc $rc, $((SECONDS - t0)) s"
+  if [[ $rc -ne 0 ]]; then
+    tail -15 "$out/build_$1.log"
+    return 1
+  fi
+  mkdir -p "$build/ab_$1" && cp "$build/moe_gpu_tests" "$build/ab_$1/"
+}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
+  >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 2; }
+build_side a || exit 1
+if [[ -n $patch_file ]]; then
+  patch -p1 -s <"$patch_file" || { echo "gpu_ab.sh: patch failed"; exit 1; }
+  build_side b
+  rc=$?
+  patch -p1 -R -s <"$patch_file" || echo "gpu_ab.sh: reverting the patch failed"
+  [[ $rc -eq 0 ]] || exit 1
+fi
+
+: >"$out/ab.txt"
+for r in $(seq "$rounds"); do
+  for s in a b; do
+    # shellcheck disable=SC2086  # the K=V list splits into env's arguments
+    env ${envs[$s]} MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_CASES="$cases" MOE_GEMM_BENCH_IMPLS="$impls" \
+      timeout 60 "${bin[$s]}" --gtest_filter="$filter" >"$out/run_$s$r.log" 2>&1
+    echo "round $r side $s: rc $?"
+    grep -E '^[a-z0-9_]+ +[a-z0-9_]+ +[0-9.]+ ' "$out/run_$s$r.log" | sed "s/^/$s $r /" \
+      >>"$out/ab.txt"
+    grep -m3 -E 'Failure|FAILED' "$out/run_$s$r.log"
+  done
+done
+rm -f "$out"/run_*.log
+summary "$out/ab.txt" | tee "$out/summary.txt"
