@@ -13,8 +13,9 @@
 # /tmp/moe-ab (a directory of its own: a machine may hold another session's build elsewhere),
 # --out $OUT or build-gpu/ab, --timeout 900 (seconds for each build; a run gets 60). The build
 # log of each side goes to the out dir, and a build that fails or runs out stops the script
-# with its last lines. With --patch, side b is built in the same directory after `patch -p1`
-# (only what the patch touches is rebuilt) and the patch is reverted at the end. Without
+# with its last lines. With --patch, side b is built in the same directory after `patch -p1` (or
+# `git apply` where patch is missing): only what the patch touches is rebuilt; the patch is
+# reverted at the end. Without
 # --patch, --env-a or --env-b must differ from the other.
 #
 # Out dir: build_a.log, build_b.log, ab.txt (each GemmBench line, tagged "<side> <round>"),
@@ -69,6 +70,17 @@ summary() {
     }' "$1"
 }
 
+# apply_patch [-R] [--check]: the patch on the tree, through patch(1) or else git apply.
+apply_patch() {
+  if command -v patch >/dev/null; then
+    local args=(-p1 -s)
+    for a in "$@"; do [[ $a == --check ]] && args+=(--dry-run) || args+=("$a"); done
+    patch "${args[@]}" <"$patch_file" >/dev/null
+  else
+    git apply "$@" "$patch_file"
+  fi
+}
+
 patch_file="" env_a="" env_b="" rounds=3 cases="deepseek_uniform,deepseek_skewed" impls="sm90w"
 build=/tmp/moe-ab out=${OUT:-build-gpu/ab} limit=900 dry=0
 while [[ $# -gt 0 ]]; do
@@ -94,7 +106,7 @@ for kv in $env_a $env_b; do
 done
 if [[ -n $patch_file ]]; then
   [[ -r $patch_file ]] || usage "--patch: no readable file '$patch_file'"
-  patch -p1 --dry-run -s <"$patch_file" >/dev/null ||
+  apply_patch --check ||
     usage "--patch: '$patch_file' does not apply to this tree"
 elif [[ $env_a == "$env_b" ]]; then
   usage "without --patch the sides differ only by --env-a / --env-b, and both are '$env_a'"
@@ -148,10 +160,10 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${prefix:+-DCMAKE_PRE
   >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 2; }
 build_side a || exit 1
 if [[ -n $patch_file ]]; then
-  patch -p1 -s <"$patch_file" || { echo "gpu_ab.sh: patch failed"; exit 1; }
+  apply_patch || { echo "gpu_ab.sh: the patch failed"; exit 1; }
   build_side b
   rc=$?
-  patch -p1 -R -s <"$patch_file" || echo "gpu_ab.sh: reverting the patch failed"
+  apply_patch -R || echo "gpu_ab.sh: reverting the patch failed"
   [[ $rc -eq 0 ]] || exit 1
 fi
 
