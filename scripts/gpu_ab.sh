@@ -15,8 +15,7 @@
 # log of each side goes to the out dir, and a build that fails or runs out stops the script
 # with its last lines. With --patch, side b is built in the same directory after `patch -p1` (or
 # `git apply` where patch is missing): only what the patch touches is rebuilt; the patch is
-# reverted at the end. Without
-# --patch, --env-a or --env-b must differ from the other.
+# reverted at the end. Without --patch, --env-a or --env-b must differ from the other.
 #
 # Out dir: build_a.log, build_b.log, ab.txt (each GemmBench line, tagged "<side> <round>"),
 # summary.txt (the table). Needs a GPU, the CUDA toolkit, and the Debian deps unpacked as
