@@ -21,6 +21,7 @@
 # summary.txt (the table). Needs a GPU, the CUDA toolkit, and the Debian deps unpacked as
 # scripts/gpu_gate.sh does (.deps/debs) or installed.
 set -uo pipefail
+from=$PWD  # relative --patch / --summary paths are the caller's
 cd "$(dirname "$0")/.." || exit 2
 
 usage() {
@@ -84,8 +85,10 @@ patch_file="" env_a="" env_b="" rounds=3 cases="deepseek_uniform,deepseek_skewed
 build=/tmp/moe-ab out=${OUT:-build-gpu/ab} limit=900 dry=0
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --summary) [[ $# -ge 2 && -r $2 ]] || usage "--summary: no readable file '${2:-}'"
-      summary "$2"; exit $? ;;
+    --summary) [[ $# -ge 2 ]] || usage "--summary needs a file"
+      f=$2; [[ $f == /* ]] || f=$from/$f
+      [[ -r $f ]] || usage "--summary: no readable file '$2'"
+      summary "$f"; exit $? ;;
     --patch|--env-a|--env-b|--rounds|--cases|--impls|--build|--out|--timeout)
       [[ $# -ge 2 ]] || usage "$1 needs a value"
       case $1 in
@@ -104,6 +107,7 @@ for kv in $env_a $env_b; do
   [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || usage "--env-a / --env-b: expected K=V, got '$kv'"
 done
 if [[ -n $patch_file ]]; then
+  [[ $patch_file == /* ]] || patch_file=$from/$patch_file
   [[ -r $patch_file ]] || usage "--patch: no readable file '$patch_file'"
   apply_patch --check ||
     usage "--patch: '$patch_file' does not apply to this tree"
