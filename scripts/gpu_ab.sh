@@ -135,15 +135,9 @@ nvidia-smi -L >/dev/null 2>&1 || { echo "gpu_ab.sh: no GPU here (nvidia-smi -L f
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-prefix=""
-if [[ -d .deps/debs ]]; then  # as scripts/gpu_gate.sh: unpacked once per machine
-  deps=${MOE_DEPS_DIR:-/tmp/moe-deps}
-  if [[ ! -d $deps/root/usr ]]; then
-    rm -rf "$deps" && mkdir -p "$deps" && cp -r .deps/debs .deps/unpack.sh "$deps/" &&
-      bash "$deps/unpack.sh" "$deps" >/dev/null || { echo "gpu_ab.sh: unpacking .deps failed"; exit 2; }
-  fi
-  prefix=$deps/root/usr
-fi
+source scripts/gpu_deps.sh
+moe_unpack_deps || { echo "gpu_ab.sh: unpacking .deps failed"; exit 2; }
+prefix=$moe_prefix
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 # build SIDE: moe_gpu_tests into $build, copied to $build/ab_SIDE.

@@ -19,17 +19,9 @@ logs=${1:-${OUT:-build-gpu/gate}}
 build=${MOE_BUILD_DIR:-/tmp/moe-build-gpu}
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# The Debian packages unpack once per machine, outside the working tree: each call lays the tree
-# anew, and a re-unpack gives their headers new mtimes, which rebuilds a kept build from scratch.
-prefix=""
-if [[ -d .deps/debs ]]; then
-  deps=${MOE_DEPS_DIR:-/tmp/moe-deps}
-  if [[ ! -d $deps/root/usr ]]; then
-    rm -rf "$deps" && mkdir -p "$deps" && cp -r .deps/debs .deps/unpack.sh "$deps/" &&
-      bash "$deps/unpack.sh" "$deps" >/dev/null || { echo "gpu_gate: unpacking .deps failed"; exit 2; }
-  fi
-  prefix=$deps/root/usr
-fi
+source scripts/gpu_deps.sh
+moe_unpack_deps || { echo "gpu_gate: unpacking .deps failed"; exit 2; }
+prefix=$moe_prefix
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
 t0=$SECONDS
