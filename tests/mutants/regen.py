@@ -447,6 +447,28 @@ M = [
      "} else if (active && p.narrow && mine <= 48) {",
      "sm90 narrow warpgroup: 33-48 of a group's rows multiplied at width 32, so its rows 32-47 "
      "are never computed or stored (a group's last row tile, forward / dgrad)"),
+    ("091", "sm90_stage_freed_before_products", "race", "gpu/grouped_gemm_sm90.cu", 1,
+     "        wgmma_wait<0>();  // this k-block's products are done: release its stage now\n"
+     "      }\n"
+     "    }\n"
+     "    if constexpr (kHold) {\n"
+     "      if (prev >= 0) release(prev);\n"
+     "      prev = s;\n"
+     "    } else {\n"
+     "      release(s);\n"
+     "    }",
+     "        release(s);\n"
+     "        wgmma_wait<0>();\n"
+     "      }\n"
+     "    }\n"
+     "    if constexpr (kHold) {\n"
+     "      if (prev >= 0) release(prev);\n"
+     "      prev = s;\n"
+     "    } else if constexpr (!kActive) {\n"
+     "      release(s);\n"
+     "    }",
+     "sm90 forward / dgrad consumer frees a stage as soon as its products are issued, before they "
+     "are done: the producer may refill it while the tensor cores still read it"),
 ]
 
 
