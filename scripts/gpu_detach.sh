@@ -7,23 +7,26 @@
 # build, the gate, an A/B and the sanitizers (~800 s) this way, in two calls.
 #
 #   scripts/gpu_detach.sh [--wait S] [--state DIR] [--out DIR] [--copy FILE]... [--tail N] \
-#                         -- COMMAND [ARG...]      # the first call; a later one may repeat it
+#                         [--new] -- COMMAND [ARG...]   # the first call; a later one may repeat it
 #   scripts/gpu_detach.sh [--wait S] [--state DIR] [--out DIR] [--copy FILE]... [--tail N]
 #
 # Defaults: --wait 540, --state /tmp/moe-detach, --out $OUT (else STATE/out), --tail 30. The job
-# runs in the caller's directory. Exit status: the job's when it has ended (0 included); 3 while it
-# runs; 1 when it died without one (killed); 2 on bad usage, also for a command that differs from
-# the one started under that state dir, or no command where none was started.
+# runs in the caller's directory. A state dir left by an earlier job (a machine lent again may
+# keep /tmp) would answer for it: --new clears an ended job's state first (and refuses while one
+# runs). Exit status: the job's when it has ended (0 included; the printed line tells a job's own
+# 3 from "running"); 3 while it runs; 1 when it died without one (killed); 2 on bad usage, also
+# for a command that differs from the one started under that state dir, or no command where none
+# was started.
 set -uo pipefail
 
 usage() {
   echo "gpu_detach.sh: $1" >&2
   echo "usage: scripts/gpu_detach.sh [--wait S] [--state DIR] [--out DIR] [--copy FILE]..." \
-    "[--tail N] [-- COMMAND [ARG...]]" >&2
+    "[--tail N] [--new] [-- COMMAND [ARG...]]" >&2
   exit 2
 }
 
-wait_s=540 state=/tmp/moe-detach out="" tail_n=30 copies=() cmd=()
+wait_s=540 state=/tmp/moe-detach out="" tail_n=30 copies=() cmd=() new=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --wait|--state|--out|--copy|--tail)
@@ -33,6 +36,7 @@ while [[ $# -gt 0 ]]; do
         --copy) copies+=("$2") ;; --tail) tail_n=$2 ;;
       esac
       shift 2 ;;
+    --new) new=1; shift ;;
     --) shift; cmd=("$@"); [[ ${#cmd[@]} -gt 0 ]] || usage "nothing after --"; break ;;
     *) usage "unknown argument '$1' (the command goes after --)" ;;
   esac
@@ -42,9 +46,25 @@ done
 [[ -n $state ]] || usage "--state: empty"
 out=${out:-${OUT:-$state/out}}
 
+# Whether the job's shell still runs. A zombie does not: an init that reaps no orphans (this
+# machine's) leaves the ended job's pid behind, and kill -0 would still find it.
+alive() {
+  local pid st
+  [[ -e $state/pid ]] || return 1
+  pid=$(cat "$state/pid")
+  [[ -r /proc/$pid/stat ]] || return 1
+  st=$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1)
+  [[ $st != Z && $st != X ]]
+}
+
 # The command as one line (each word quoted), to tell a repeat from another job.
 line=""
 [[ ${#cmd[@]} -gt 0 ]] && line=$(printf '%q ' "${cmd[@]}")
+if [[ $new -eq 1 && -e $state/cmd ]]; then
+  [[ -n $line ]] || usage "--new needs the command after --"
+  [[ ! -e $state/rc ]] && alive && usage "--new: the job under --state $state still runs (pid $(cat "$state/pid"))"
+  rm -rf "$state"
+fi
 if [[ -e $state/cmd ]]; then
   if [[ -n $line && $line != "$(cat "$state/cmd")" ]]; then
     usage "--state $state already ran '$(cat "$state/cmd")'; a different job needs another --state"
@@ -66,7 +86,6 @@ else
 fi
 
 end=$((SECONDS + wait_s))
-alive() { [[ -e $state/pid ]] && kill -0 "$(cat "$state/pid")" 2>/dev/null; }
 while [[ ! -e $state/rc ]] && alive && [[ $SECONDS -lt $end ]]; do sleep 1; done
 started=$(cat "$state/started")
 if [[ -e $state/rc ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_detach.sh without a GPU: a job started by one call outlives it and a later call
-# collects its exit status, log and files; a different command under the same state dir, a call
-# with nothing started and bad values exit 2 naming them.
+# collects its exit status, log and files; --new starts over; a different command under the same
+# state dir, a call with nothing started and bad values exit 2 naming them.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 detach=$here/scripts/gpu_detach.sh
@@ -43,8 +43,13 @@ rm "$tmp/made.txt"
 expect 5 "ended, exit status 5" --state "$s" --wait 0 -- "${job[@]}"
 [[ ! -e $tmp/made.txt ]] || { echo "FAIL: the repeated command ran again"; fail=1; }
 expect 0 "ended, exit status 0" --state "$tmp/s2" --wait 30 --tail 0 -- true
+# --new clears an ended job's state and runs the command again; it refuses while a job runs.
+expect 5 "ended, exit status 5" --state "$s" --wait 30 --new -- "${job[@]}"
+[[ -e $tmp/made.txt ]] || { echo "FAIL: --new did not run the command again"; fail=1; }
+expect 2 "--new needs the command" --state "$s" --new
 # A job killed before it could write its status.
 expect 3 "running" --state "$tmp/s3" --wait 0 -- sleep 30
+expect 2 "--new: the job under --state .* still runs" --state "$tmp/s3" --wait 0 --new -- sleep 30
 kill "$(cat "$tmp/s3/pid")"
 sleep 1
 expect 1 "died without an exit status" --state "$tmp/s3" --wait 5
