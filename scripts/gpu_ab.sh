@@ -7,7 +7,7 @@
 #   scripts/gpu_ab.sh [--patch FILE] [--env-a 'K=V ...'] [--env-b 'K=V ...'] [--rounds N]
 #                     [--cases LIST] [--impls LIST] [--build DIR] [--out DIR] [--timeout S]
 #                     [--dry-run]
-#   scripts/gpu_ab.sh --summary FILE     # the table again, from a run's ab.txt
+#   scripts/gpu_ab.sh --summary FILE     # the table again, from ab.txt (of any number of sides)
 #
 # Defaults: 3 rounds, --cases deepseek_uniform,deepseek_skewed, --impls sm90w, --build
 # /tmp/moe-ab (a directory of its own: a machine may hold another session's build elsewhere),
@@ -32,8 +32,11 @@ usage() {
   exit 2
 }
 
-# The table: for each GemmBench row (case, impl, and what it times), its times on side a, then on
-# side b, in round order, and the ratio of the medians (b / a).
+# The table: for each GemmBench row (case, impl, and what it times), its times on each side, in
+# round order, then the ratio of each later side's median to the first side's. The sides are the
+# lines' first words in order of first appearance: a and b here, any names in an ab.txt written
+# by hand from more runs (e.g. session 29's four binaries: main, two settings of one branch,
+# another branch).
 summary() {
   awk '
     function median(list,   n, v, i, j, t) {
@@ -45,6 +48,7 @@ summary() {
     }
     function add(key, side, value) {
       if (!(key in seen)) { seen[key] = 1; order[++keys] = key }
+      if (!(side in side_seen)) { side_seen[side] = 1; sides[++nsides] = side }
       times[key, side] = times[key, side] " " value
     }
     # GEMM rows: case impl fwd_ms TFLOP/s dense ratio GB/s | dgrad wgrad | fb ... | fwd+read
@@ -61,11 +65,19 @@ summary() {
     }
     END {
       if (keys == 0) { print "gpu_ab.sh: no GemmBench rows" > "/dev/stderr"; exit 1 }
-      printf "%-36s | %-26s | %-26s | %s\n", "row (ms)", "a", "b", "b/a (medians)"
+      head = sprintf("%-36s", "row (ms)")
+      for (i = 1; i <= nsides; ++i) head = head sprintf(" | %-26s", sides[i])
+      for (i = 2; i <= nsides; ++i) head = head sprintf(" | %s/%s", sides[i], sides[1])
+      print head (nsides > 1 ? " (medians)" : "")
       for (k = 1; k <= keys; ++k) {
-        key = order[k]; a = times[key, "a"]; b = times[key, "b"]
-        r = (a != "" && b != "") ? sprintf("%.3f", median(b) / median(a)) : "-"
-        printf "%-36s |%-27s |%-27s | %s\n", key, a, b, r
+        key = order[k]; line = sprintf("%-36s", key)
+        for (i = 1; i <= nsides; ++i) line = line sprintf(" |%-27s", times[key, sides[i]])
+        base = times[key, sides[1]]
+        for (i = 2; i <= nsides; ++i) {
+          t = times[key, sides[i]]
+          line = line " | " ((base != "" && t != "") ? sprintf("%.3f", median(t) / median(base)) : "-")
+        }
+        print line
       }
     }' "$1"
 }
