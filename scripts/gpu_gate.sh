@@ -6,7 +6,7 @@
 #
 #   scripts/gpu_gate.sh [--sanitize REGEX] [--cases N] [LOG_DIR]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 sanitize="" cases=20
 while [[ $# -gt 0 ]]; do
   case $1 in
