@@ -4,7 +4,8 @@
 # call starts COMMAND that way (setsid, its output in STATE/log.txt); every call, the first
 # included, then waits up to --wait seconds for it to end, says whether it ended and how, prints
 # the log's last lines and copies the log and each --copy file into the out dir. Session 29 ran a
-# build, the gate, an A/B and the sanitizers (~800 s) this way, in two calls.
+# build, the gate, an A/B and the sanitizers (~800 s) over two calls with a hand-made script of
+# this pattern.
 #
 #   scripts/gpu_detach.sh [--wait S] [--state DIR] [--out DIR] [--copy FILE]... [--tail N] \
 #                         [--new] -- COMMAND [ARG...]   # the first call; a later one may repeat it
