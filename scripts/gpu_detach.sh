@@ -63,7 +63,9 @@ line=""
 [[ ${#cmd[@]} -gt 0 ]] && line=$(printf '%q ' "${cmd[@]}")
 if [[ $new -eq 1 && -e $state/cmd ]]; then
   [[ -n $line ]] || usage "--new needs the command after --"
-  [[ ! -e $state/rc ]] && alive && usage "--new: the job under --state $state still runs (pid $(cat "$state/pid"))"
+  if [[ ! -e $state/rc ]] && alive; then
+    usage "--new: the job under --state $state still runs (pid $(cat "$state/pid"))"
+  fi
   rm -rf "$state"
 fi
 if [[ -e $state/cmd ]]; then

@@ -3,20 +3,8 @@
 # anything is built; --dry-run lists the interleaved runs; a patch that does not apply is refused.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
-ab=$here/scripts/gpu_ab.sh
-fail=0
-expect() {  # expect RC PATTERN ARGS...: exit status RC and PATTERN in stdout + stderr
-  local want=$1 pattern=$2
-  shift 2
-  local got rc
-  got=$(bash "$ab" "$@" 2>&1)
-  rc=$?
-  if [[ $rc -ne $want ]] || ! grep -qE -- "$pattern" <<<"$got"; then
-    echo "FAIL: gpu_ab.sh $*: rc $rc (want $want), output:"
-    echo "$got" | head -5
-    fail=1
-  fi
-}
+under_test=$here/scripts/gpu_ab.sh
+source "$here/tests/scripts/expect.sh"
 expect 2 "--rounds: expected 1..99, got '0'" --rounds 0 --env-b A=1
 expect 2 "--timeout: expected seconds, got 'soon'" --timeout soon --env-b A=1
 expect 2 "expected K=V, got 'RELEASE'" --env-b RELEASE

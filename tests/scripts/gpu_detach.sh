@@ -4,22 +4,11 @@
 # state dir, a call with nothing started and bad values exit 2 naming them.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
-detach=$here/scripts/gpu_detach.sh
+under_test=$here/scripts/gpu_detach.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fail=0
-expect() {  # expect RC PATTERN ARGS...: exit status RC and PATTERN in stdout + stderr
-  local want=$1 pattern=$2
-  shift 2
-  local got rc
-  got=$(cd "$tmp" && OUT='' bash "$detach" "$@" 2>&1)
-  rc=$?
-  if [[ $rc -ne $want ]] || ! grep -qE -- "$pattern" <<<"$got"; then
-    echo "FAIL: gpu_detach.sh $*: rc $rc (want $want), output:"
-    echo "$got" | head -8
-    fail=1
-  fi
-}
+expect_dir=$tmp
+source "$here/tests/scripts/expect.sh"
 s=$tmp/state
 expect 2 "--wait: expected seconds, got 'soon'" --state "$s" --wait soon -- true
 expect 2 "--tail: expected a line count, got '-1'" --state "$s" --tail -1 -- true
