@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2154,SC2034  # under_test / fail: set and read by the sourcing test
+# shellcheck shell=bash disable=SC2154,SC2034  # under_test, fail: the sourcing test's
 # Sourced by the script tests (gpu_ab_usage.sh, gpu_detach.sh). expect RC PATTERN ARGS... runs
 # `bash $under_test ARGS` (in $expect_dir when set, with OUT empty) and sets fail=1, printing the
 # first lines of its output, unless it exits RC and PATTERN (grep -E) matches a line of its
