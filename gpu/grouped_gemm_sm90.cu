@@ -256,6 +256,12 @@ __device__ __forceinline__ WTile decode_w(const WParams& p, int t, uint32_t rank
   return tl;
 }
 
+// Stages a consumer warp freed before a wgmma wait covered their products (consume_stages): a
+// race that the timing almost never shows (mutant 091 passed every test on an H100), so the stage
+// loop checks its own order and counts breaches here; tests read the count (stages_freed_early).
+// Declared for every pass: the host reads it.
+__device__ unsigned long long g_stages_freed_early;
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_SM90_KERNEL 1
 #endif
@@ -820,6 +826,14 @@ __device__ __forceinline__ void store_tile_narrow(const KParams& p, const Tile& 
   });
 }
 
+// wgmma.wait_group N after the products of iteration `it` were committed: the products of every
+// iteration before it + 1 - N are done. The one place a wait raises consume_stages' `done`.
+template <int N>
+__device__ __forceinline__ int wait_products(int it) {
+  wgmma_wait<N>();
+  return it + 1 - N;
+}
+
 // The stage loop of every consumer warpgroup: for each of k_blocks stages, wait for it, and
 // (kActive) issue its products (mma(s), between the fence and the commit); then release a stage to
 // the producers of both CTAs (the peer's multicast writes this CTA's copy). `it` counts stages
@@ -832,13 +846,20 @@ __device__ __forceinline__ void store_tile_narrow(const KParams& p, const Tile& 
 // products and release its stage at once. The forward and dgrad stream their weights from DRAM
 // and gain from the deeper load pipeline (H100, session 29: 2.3% / 2.7% faster on DeepSeek-like
 // uniform); wgrad measured 6% slower without the overlap, so it holds.
+//
+// Every release checks the order: the stage of iteration j goes back only once a wait has covered
+// j's products (j < done), else g_stages_freed_early counts it. The check is in program order, so
+// it sees an early release on every run, not only when a refill happens to land in time.
 template <bool kActive, bool kHold, class Mma, class Between>
 __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, int k_blocks,
                                                int& it, Mma&& mma, Between&& between) {
   const int lane = threadIdx.x % 32;
-  auto release = [&](int s) {
-    if (lane == 0)
-      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[s], c);
+  int done = it;  // iterations below are complete: the previous call waited for all it issued
+  auto release = [&](int j) {
+    if (lane == 0) {
+      if (j >= done) atomicAdd(&g_stages_freed_early, 1ull);
+      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[j % kStages], c);
+    }
   };
   int prev = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -850,19 +871,21 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
       wgmma_commit();
       between(kb);
       if constexpr (kHold) {
-        wgmma_wait<1>();  // the previous k-block's products are done: release its stage
+        done = wait_products<1>(it);  // the previous k-block's products are done: release its stage
       } else {
-        wgmma_wait<0>();  // this k-block's products are done: release its stage now
+        done = wait_products<0>(it);  // this k-block's products are done: release its stage now
       }
+    } else {
+      done = it + 1;  // nothing issued
     }
     if constexpr (kHold) {
       if (prev >= 0) release(prev);
-      prev = s;
+      prev = it;
     } else {
-      release(s);
+      release(it);
     }
   }
-  if constexpr (kActive && kHold) wgmma_wait<0>();
+  if constexpr (kActive && kHold) done = wait_products<0>(it - 1);
   if (prev >= 0) release(prev);
 }
 
@@ -1623,6 +1646,13 @@ bool available() {
            attr.binaryVersion == 90;
   }();
   return ok;
+}
+
+int64_t stages_freed_early() {
+  unsigned long long n = 0;
+  MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  MOE_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_stages_freed_early, sizeof n));
+  return static_cast<int64_t>(n);
 }
 
 int64_t tiles_of_group(int64_t n_g, int64_t nc, bool fold_tail) {

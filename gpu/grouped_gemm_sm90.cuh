@@ -155,6 +155,11 @@ bool wide_store_setting();
 // anything else throws std::invalid_argument naming it. Read on every call.
 bool narrow_setting();
 
+// How many stages the kernels' consumer warps freed before a wgmma wait covered their products,
+// since the process started (consume_stages checks its own order on every release): 0 unless a
+// change broke the stage protocol. The tests read it; synchronizes the device.
+int64_t stages_freed_early();
+
 // MOE_SM90_MIX: unset, empty or "auto" true (draw entries in mixed_order where it mixes), "off"
 // false (table order); anything else throws std::invalid_argument naming it. Read on every call.
 bool mix_setting();

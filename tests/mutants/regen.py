@@ -448,27 +448,40 @@ M = [
      "sm90 narrow warpgroup: 33-48 of a group's rows multiplied at width 32, so its rows 32-47 "
      "are never computed or stored (a group's last row tile, forward / dgrad)"),
     ("091", "sm90_stage_freed_before_products", "race", "gpu/grouped_gemm_sm90.cu", 1,
-     "        wgmma_wait<0>();  // this k-block's products are done: release its stage now\n"
+     "        done = wait_products<0>(it);  // this k-block's products are done: release its stage now\n"
      "      }\n"
-     "    }\n"
-     "    if constexpr (kHold) {\n"
-     "      if (prev >= 0) release(prev);\n"
-     "      prev = s;\n"
      "    } else {\n"
-     "      release(s);\n"
-     "    }",
-     "        release(s);\n"
-     "        wgmma_wait<0>();\n"
-     "      }\n"
+     "      done = it + 1;  // nothing issued\n"
      "    }\n"
      "    if constexpr (kHold) {\n"
      "      if (prev >= 0) release(prev);\n"
-     "      prev = s;\n"
+     "      prev = it;\n"
+     "    } else {\n"
+     "      release(it);\n"
+     "    }",
+     "        release(it);\n"
+     "        done = wait_products<0>(it);\n"
+     "      }\n"
+     "    } else {\n"
+     "      done = it + 1;  // nothing issued\n"
+     "    }\n"
+     "    if constexpr (kHold) {\n"
+     "      if (prev >= 0) release(prev);\n"
+     "      prev = it;\n"
      "    } else if constexpr (!kActive) {\n"
-     "      release(s);\n"
+     "      release(it);\n"
      "    }",
      "sm90 forward / dgrad consumer frees a stage as soon as its products are issued, before they "
      "are done: the producer may refill it while the tensor cores still read it"),
+    ("092", "sm90_wgrad_stage_freed_before_products", "race", "gpu/grouped_gemm_sm90.cu", 1,
+     "        done = wait_products<1>(it);  // the previous k-block's products are done: release its stage\n"
+     "      } else {",
+     "        if (prev >= 0) release(prev);\n"
+     "        prev = -1;\n"
+     "        done = wait_products<1>(it);\n"
+     "      } else {",
+     "sm90 wgrad consumer frees the previous stage before waiting for that stage's products (the "
+     "held stage's release moved ahead of its wait)"),
 ]
 
 
