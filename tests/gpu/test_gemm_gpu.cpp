@@ -1696,7 +1696,7 @@ TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
 // earlier is a race the outputs almost never show: mutant 091 (the forward / dgrad consumer frees
 // its stage right after issuing its products) passed every value test and the full-size bench on
 // an H100, and a NaN poison over freed stages before their refill caught it in one run of two
-// (session 30); the count catches it, and 092 (its wgrad form), on every run. 60 groups of 1..448
+// (session 30); the count caught it, and 092 (its wgrad form), in 3 runs of 3. 60 groups of 1..448
 // rows (M-pairs, folded tails, N-pairs, narrow warpgroups), K = 2048 (32 stages a tile, every
 // stage reused many times), fwd, dgrad and wgrad on the kernels, checked against fp64 sums too.
 TEST(Sm90GemmGpu, EveryStageIsFreedAfterItsProducts) {
