@@ -4,6 +4,7 @@
 #   - planted bugs: every op fails, with a replay line that reproduces the failure;
 #   - another ABI version: refused with a clear message (exit 2);
 #   - bad case lines: usage errors naming the key (exit 2); JSON and JUnit reports are written;
+#   - a race that shows on the 4th call of a case: passes 2 calls a case, fails `--runs 5`;
 #   - `bench --impl`: the device-memory build timed next to moe-gpu (GPU), its usage errors (CPU).
 if(NOT MOE_BUILD_TESTS)
   return()
@@ -21,6 +22,7 @@ endfunction()
 moe_example_plugin(moe_example_plugin example_plugin.c m)
 moe_example_plugin(moe_example_plugin_buggy example_plugin.c m MOE_EXAMPLE_PLANT_BUGS=1)
 moe_example_plugin(moe_example_plugin_abi99 example_plugin.c m MOE_EXAMPLE_ABI_VERSION=99)
+moe_example_plugin(moe_example_plugin_flaky example_plugin.c m MOE_EXAMPLE_FLAKY_CALL=4)
 
 set(_plugin_test ${PROJECT_SOURCE_DIR}/examples/plugin/test_plugin.sh)
 add_test(NAME plugin_example_passes
@@ -38,8 +40,12 @@ add_test(NAME check_bad_case_lines
 add_test(NAME check_reports
          COMMAND sh ${_plugin_test} reports $<TARGET_FILE:moe-harness>
                  $<TARGET_FILE:moe_example_plugin_buggy>)
+add_test(NAME check_runs_hunt_races
+         COMMAND sh ${_plugin_test} flaky $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin_flaky>)
 set_tests_properties(plugin_example_passes plugin_planted_bugs_caught plugin_abi_mismatch_refused
-                     check_bad_case_lines check_reports PROPERTIES LABELS cpu TIMEOUT 600)
+                     check_bad_case_lines check_reports check_runs_hunt_races
+                     PROPERTIES LABELS cpu TIMEOUT 600)
 
 # The device-memory variant (kDLCUDA), where the CUDA toolkit is: runs on the GPU machine, and
 # skips (77) without a GPU.

@@ -114,7 +114,7 @@ void add_check_command(CLI::App& app, int& status) {
   struct Args {
     std::vector<std::string> ops, plugins;
     std::string impl, backend, case_line, ties = "canonical", json, junit, save_failures;
-    int cases = 20, jobs = 1, ep = 0;
+    int cases = 20, jobs = 1, ep = 0, runs = 2;
     uint64_t seed = 1;
     bool verbose = false, random_only = false, no_shrink = false;
   };
@@ -137,6 +137,10 @@ void add_check_command(CLI::App& app, int& status) {
   cmd->add_flag("--no-shrink", a.no_shrink, "Report failing random cases as drawn");
   cmd->add_option("-j,--jobs", a.jobs, "Cases prepared and compared in parallel")
       ->check(CLI::Range(1, 256));
+  cmd->add_option("--runs", a.runs,
+                  "Calls of the implementation per case, each bitwise equal to the first "
+                  "(default 2; more hunts races that show now and then)")
+      ->check(CLI::Range(kMinRuns, kMaxRuns));
   cmd->add_option("--json", a.json, "Write a JSON report here");
   cmd->add_option("--junit", a.junit, "Write a JUnit XML report here (one test case per case)");
   cmd->add_option("--save-failures", a.save_failures,
@@ -180,7 +184,11 @@ void add_check_command(CLI::App& app, int& status) {
     opt.ties = parse_tie_policy(a.ties);
     opt.shrink = !a.no_shrink;
     opt.jobs = a.jobs;
+    opt.runs = a.runs;
     opt.replay_extra = plugin_flags(a.plugins);
+    if (a.runs != 2)  // the replay makes as many calls as the run that failed
+      opt.replay_extra +=
+          (opt.replay_extra.empty() ? "" : " ") + ("--runs " + std::to_string(a.runs));
     opt.keep_outputs = !a.save_failures.empty();
 
 #ifdef MOE_WITH_NCCL
@@ -235,6 +243,7 @@ void add_check_command(CLI::App& app, int& status) {
     run.ties = a.ties;
     run.seed = a.seed;
     run.cases_per_op = a.cases;
+    run.runs = a.runs;
 
     if (!a.case_line.empty()) {
       // One case: validated against its op first, so a typo is a usage error, never a FAIL.

@@ -82,6 +82,7 @@ std::string json_report(const Run& run) {
   j["ties"] = run.ties;
   j["seed"] = run.seed;
   j["random_cases_per_op"] = run.cases_per_op;
+  j["runs_per_case"] = run.runs;
   j["ops"] = nlohmann::json::array();
   for (auto& o : run.ops) {
     nlohmann::json oj{{"op", o.op},

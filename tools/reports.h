@@ -14,6 +14,7 @@ struct Run {
   std::string impl, ties;
   uint64_t seed = 0;
   int cases_per_op = 0;
+  int runs = 2;  // calls of the implementation per case (--runs)
   std::vector<OpResult> ops;
 };
 

@@ -4,10 +4,13 @@
  * allows), moe_aux_loss (§3) and sort_chunks_by_index (§7). float32 and bfloat16 tensors; float16
  * cases are declared unsupported.
  *
- * Built twice by examples/plugin/CMakeLists.txt: as is (every check must pass), and with
+ * Built by cmake/plugins.cmake: as is (every check must pass), and with
  * -DMOE_EXAMPLE_PLANT_BUGS, which plants one realistic bug per op (each marked PLANTED below) that
  * `moe-harness check --plugin` must catch. -DMOE_EXAMPLE_ABI_VERSION=N builds a plugin that claims
- * another ABI version, which the harness must refuse. */
+ * another ABI version, which the harness must refuse. -DMOE_EXAMPLE_FLAKY_CALL=N plants a race
+ * that shows now and then: sort_chunks_by_index changes one bit of its output on the N-th call in a
+ * row with the same case, which `check` passes with its default two calls a case and fails under
+ * `--runs N` or more. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -402,6 +405,18 @@ static int32_t sort_chunks_run(const moe_call* c) {
   }
   free(start);
   free(dst_start);
+#ifdef MOE_EXAMPLE_FLAKY_CALL
+  { /* PLANTED (race): the N-th call in a row of one case flips the low bit of output.sorted's
+     * first byte. The harness calls a plugin's ops one at a time, so plain statics will do. */
+    static unsigned long last_hash;
+    static int repeat;
+    unsigned long h = 5381;
+    for (const char* p = c->case_line; *p; ++p) h = h * 33u + (unsigned char)*p;
+    repeat = h == last_hash ? repeat + 1 : 1;
+    last_hash = h;
+    if (repeat == MOE_EXAMPLE_FLAKY_CALL && N > 0 && H > 0) ((unsigned char*)sorted->data)[0] ^= 1u;
+  }
+#endif
   return MOE_STATUS_OK;
 }
 

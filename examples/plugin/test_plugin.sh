@@ -5,6 +5,9 @@
 #   abi      a plugin of another ABI version is refused: exit 2 and the reason
 #   usage    bad case lines and names are usage errors (exit 2) naming what is wrong
 #   reports  --json, --junit and --save-failures of a failing run
+#   flaky    the build whose sort_chunks_by_index changes a bit on a case's 4th call in a row:
+#            passes with check's two calls a case, fails with --runs 5 (a replay line that carries
+#            --runs and reproduces it), and --runs outside 2..10000 is a usage error
 #   cuda_passes, cuda_buggy   the device-memory plugin on a GPU (exit 77 without one)
 #   cuda_bench   `bench --impl` times the device-memory plugin next to moe-gpu (exit 77 without a
 #                GPU): a verified fwd+bwd row of impl example-cuda with GB/s > 0 in the JSON
@@ -95,6 +98,27 @@ reports)
   expect_status 0 "$bin" golden verify "$ref"
   expect_status 1 "$bin" golden diff "$ref" "$mine"
   echo "reports: JSON, JUnit and saved golden files as expected"
+  ;;
+flaky)
+  args="--plugin $so --op sort_chunks_by_index --cases 10 -j 1"
+  expect_status 0 "$bin" check $args
+  expect_status 1 "$bin" check $args --runs 5 --json "$tmp/f.json"
+  cat "$tmp/out"
+  grep -q "determinism: output.sorted differs between runs 1 and 4 (of 5)" "$tmp/out" ||
+    fail "--runs 5: the 4th call's bits were not caught"
+  grep -q '"runs_per_case": 5' "$tmp/f.json" || fail "json: no runs_per_case"
+  replay=$(grep "replay: .*'op=sort_chunks_by_index " "$tmp/out" | head -n 1 |
+    sed 's/^ *replay: moe-harness //')
+  echo "$replay" | grep -q -- "--runs 5 " || fail "the replay line does not carry --runs 5: $replay"
+  eval "\"\$bin\" $replay" >"$tmp/replay" 2>&1; st=$?
+  cat "$tmp/replay"
+  [ "$st" -eq 1 ] || fail "the replay line exited $st, expected 1"
+  grep -q "differs between runs 1 and 4 (of 5)" "$tmp/replay" || fail "the replay did not reproduce it"
+  for n in 1 10001 x; do
+    expect_status 2 "$bin" check $args --runs $n
+    grep -q -- "--runs" "$tmp/out" || fail "--runs $n: the message does not name --runs: $(cat "$tmp/out")"
+  done
+  echo "flaky: passes 2 calls a case, caught by --runs 5, replayed; bad --runs values exit 2"
   ;;
 cuda_passes | cuda_buggy)
   "$bin" list | grep -q "no GPU here" && { echo "SKIPPED: no GPU"; exit 77; }

@@ -1,8 +1,8 @@
 // The implementation registry (include/moe_harness/impl.h) and the driver that checks one
 // implementation of one op against the reference: it prepares each case's inputs and the
 // reference's outputs, hands the implementation poisoned output buffers followed by guard bytes,
-// compares what it wrote under the op's bounds and the tie policy, and runs it a second time for
-// determinism.
+// compares what it wrote under the op's bounds and the tie policy, and runs it again for
+// determinism (CheckOptions::runs calls in all).
 #include "moe_harness/impl.h"
 
 #include <algorithm>
@@ -218,7 +218,7 @@ std::string replay_command(const Case& c, std::string_view impl, TiePolicy ties,
 namespace ops {
 
 Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const TensorMap& want,
-                    TiePolicy ties, std::vector<std::string>& notes, TensorMap* got) {
+                    TiePolicy ties, std::vector<std::string>& notes, TensorMap* got, int runs) {
   const OpInfo* op = find_op(c.op);
   if (!op) throw std::invalid_argument("unknown op '" + c.op + "'");
   const std::string params = op->to_params ? op->to_params(c).dump() : "{}";
@@ -239,19 +239,30 @@ Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const 
     notes.push_back("not provided by " + impl.name + ", not compared: " + keys);
   }
   for (auto& f : first.faults) r.failures.push_back(f);
-  Invocation second = invoke(impl, c, params, in, want);
-  mask_unwritten(impl.unwritten, c, in, want, second.got);  // uninitialised rows may differ too
-  for (auto& f : second.faults) r.failures.push_back("second run: " + f);
-  for (auto& [k, v] : first.got) {
-    if (filled.count(k)) continue;
-    auto it = second.got.find(k);
-    if (it == second.got.end() || !it->second.bitwise_equal(v)) {
-      const std::string line = "determinism: " + k + " differs between two runs";
+  // Runs 2..runs against the first; an implementation declared non-deterministic runs twice (its
+  // differences are notes, and more calls could only repeat them).
+  const int last = impl.deterministic ? runs : 2;
+  for (int i = 2; i <= last; ++i) {
+    Invocation again = invoke(impl, c, params, in, want);
+    mask_unwritten(impl.unwritten, c, in, want, again.got);  // uninitialised rows may differ too
+    const std::string which = last == 2 ? "second run" : "run " + std::to_string(i);
+    for (auto& f : again.faults) r.failures.push_back(which + ": " + f);
+    bool differs = false;
+    for (auto& [k, v] : first.got) {
+      if (filled.count(k)) continue;
+      auto it = again.got.find(k);
+      if (it != again.got.end() && it->second.bitwise_equal(v)) continue;
+      differs = true;
+      const std::string line = "determinism: " + k +
+                               (last == 2 ? " differs between two runs"
+                                          : " differs between runs 1 and " + std::to_string(i) +
+                                                " (of " + std::to_string(last) + ")");
       if (impl.deterministic)
         r.failures.push_back(line);
       else
         notes.push_back(line + " (declared non-deterministic)");
     }
+    if (differs || !again.faults.empty()) break;
   }
   if (got) *got = std::move(first.got);
   return r;
@@ -259,7 +270,17 @@ Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const 
 
 }  // namespace ops
 
+namespace {
+void check_runs(int runs) {
+  if (runs < kMinRuns || runs > kMaxRuns)
+    throw std::invalid_argument("CheckOptions::runs: expected " + std::to_string(kMinRuns) + ".." +
+                                std::to_string(kMaxRuns) + " calls per case, got " +
+                                std::to_string(runs));
+}
+}  // namespace
+
 CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt) {
+  check_runs(opt.runs);
   CaseResult res;
   res.c = c;
   res.named = c.has("name");
@@ -291,7 +312,7 @@ CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt) 
         throw;
       }
       r = ops::compare_impl(impl, c, in, want, opt.ties, res.notes,
-                            opt.keep_outputs ? &res.outputs : nullptr);
+                            opt.keep_outputs ? &res.outputs : nullptr, opt.runs);
     }
     res.verdict = r.ok() ? Verdict::passed : Verdict::failed;
     res.report = r.ok() ? "" : r.str();
@@ -375,6 +396,7 @@ OpResult check_impl(const Impl& impl, const CheckOptions& opt,
                     const std::function<void(const CaseResult&)>& on_case) {
   const ops::OpInfo* op = ops::find_op(impl.op);
   if (!op) throw std::invalid_argument("check_impl: unknown op '" + impl.op + "'");
+  check_runs(opt.runs);
   OpResult out;
   out.op = impl.op;
   out.impl = impl.name;

@@ -10,11 +10,14 @@
 
 namespace moe::ops {
 
-// Runs impl twice on (c, in) with poisoned, guarded outputs shaped like want's output.*/grad.*,
-// and compares the first run with want under the op's bounds and the tie policy; determinism,
-// buffer faults and notes (tie resolutions, keys not provided) are added to the report / notes.
-// got, when given, receives the first run's outputs.
+// Runs impl `runs` times (CheckOptions::runs; a non-deterministic implementation twice) on
+// (c, in) with poisoned, guarded outputs shaped like want's output.*/grad.*, and compares the
+// first run with want under the op's bounds and the tie policy, and every later run with the
+// first bitwise (stopping at the first that differs); determinism, buffer faults and notes (tie
+// resolutions, keys not provided) are added to the report / notes. got, when given, receives the
+// first run's outputs.
 Report compare_impl(const Impl& impl, const Case& c, const TensorMap& in, const TensorMap& want,
-                    TiePolicy ties, std::vector<std::string>& notes, TensorMap* got = nullptr);
+                    TiePolicy ties, std::vector<std::string>& notes, TensorMap* got = nullptr,
+                    int runs = 2);
 
 }  // namespace moe::ops

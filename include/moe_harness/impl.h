@@ -123,14 +123,20 @@ Impl host_impl(std::string op, std::string name,
 
 // ---- running the checks ----
 
+inline constexpr int kMinRuns = 2, kMaxRuns = 10000;
+
 struct CheckOptions {
   int cases = 20;     // random cases per op (plus the named ones unless named = false)
   uint64_t seed = 1;  // seed of the random cases
   bool named = true;  // run the op's named cases (SPEC R* regressions, the catalogue)
   TiePolicy ties = TiePolicy::canonical;
-  bool shrink = true;         // shrink a failing random case to a minimal failing one
-  int jobs = 1;               // cases prepared and compared in parallel (CPU side)
-  std::string replay_extra;   // flags the replay line carries (e.g. "--plugin /p/libx.so")
+  bool shrink = true;        // shrink a failing random case to a minimal failing one
+  int jobs = 1;              // cases prepared and compared in parallel (CPU side)
+  std::string replay_extra;  // flags the replay line carries (e.g. "--plugin /p/libx.so")
+  // Calls of the implementation per case (kMinRuns..kMaxRuns): every call after the first must
+  // give its bits (a deterministic implementation). More than 2 hunts races that show only now
+  // and then; a case stops at the first call that differs.
+  int runs = 2;
   bool keep_outputs = false;  // keep a failing case's outputs in CaseResult::outputs
   // Optional rewrite of every case (e.g. moe_block's cases to an EP size); nullopt drops a case.
   std::function<std::optional<Case>(const Case&)> rewrite;
@@ -169,7 +175,8 @@ struct OpResult {
 };
 
 // One case through impl: poisoned outputs, compared with the reference (tie-aware per
-// opt.ties), run twice for determinism. Never throws for a fault of the implementation.
+// opt.ties), run opt.runs times for determinism. Never throws for a fault of the implementation;
+// throws std::invalid_argument for opt.runs outside kMinRuns..kMaxRuns.
 CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt);
 // Every named case and opt.cases random cases of impl's op. on_case, when set, is called after
 // each case (in case order) from the calling thread.

@@ -360,7 +360,8 @@ PyImpl register_python(const std::string& op, nb::object runner, nb::object not_
 // check(): every named and random case of op (or the one case_line) through a registered
 // Python implementation.
 nb::dict check(const PyImpl& pyimpl, int cases, uint64_t seed, const std::string& ties, bool named,
-               const nb::dict& fixed_py, std::optional<std::string> case_line, bool shrink) {
+               const nb::dict& fixed_py, std::optional<std::string> case_line, bool shrink,
+               int runs) {
   const std::string& op = pyimpl.op;
   const std::map<std::string, std::string> fixed = fixed_strings(op, fixed_py);
   const std::string impl_name = pyimpl.name;
@@ -373,6 +374,7 @@ nb::dict check(const PyImpl& pyimpl, int cases, uint64_t seed, const std::string
   opt.named = named;
   opt.ties = ties_of(ties);
   opt.shrink = shrink;
+  opt.runs = runs;
   opt.jobs = 1;
   if (!fixed.empty()) {
     // Unknown keys and values of the wrong kind are usage errors, reported once, here.
@@ -640,7 +642,7 @@ NB_MODULE(_core, m) {
   m.def("register_python", &register_python, "op"_a, "runner"_a, "not_supported"_a, "name"_a,
         "deterministic"_a, "provides"_a, "unwritten"_a = "zeros");
   m.def("check", &check, "impl"_a, "cases"_a, "seed"_a, "ties"_a, "named"_a, "fixed"_a,
-        "case_line"_a.none(), "shrink"_a);
+        "case_line"_a.none(), "shrink"_a, "runs"_a = 2);
   m.def("compare", &compare, "case"_a, "outputs"_a, "ties"_a);
   m.def("golden_read", &golden_read, "path"_a);
   m.def("golden_write", &golden_write, "path"_a, "tensors"_a, "op"_a, "dtype"_a, "seed"_a,

@@ -203,6 +203,46 @@ TEST(ImplJudge, NonDeterminismIsAFailureUnlessDeclared) {
   ASSERT_FALSE(r.notes.empty());
 }
 
+// CheckOptions::runs: a race that shows on a case's 5th call passes the default two calls and
+// fails six, which stop at the call that differs; a non-deterministic implementation is called
+// twice whatever runs says; runs outside kMinRuns..kMaxRuns is a usage error naming it.
+TEST(ImplJudge, MoreRunsCatchARaceThatShowsNowAndThen) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  Impl flaky = raw("now-and-then", [calls](const ImplCall& call, const TensorMap&) {
+    if (++*calls == 5) static_cast<float*>(call.out.at("output.saved_scores").data)[0] += 1e-3f;
+  });
+  const Case c = named_router_case("R15_no_bias");
+  CheckOptions opt;
+  CaseResult r = check_case(flaky, c, opt);
+  EXPECT_EQ(r.verdict, Verdict::passed) << r.report;
+  EXPECT_EQ(calls->load(), 2);
+  calls->store(0);
+  opt.runs = 6;
+  r = check_case(flaky, c, opt);
+  EXPECT_EQ(r.verdict, Verdict::failed);
+  EXPECT_NE(r.report.find("determinism: output.saved_scores differs between runs 1 and 5 (of 6)"),
+            std::string::npos)
+      << r.report;
+  EXPECT_EQ(calls->load(), 5) << "the runs stop at the first that differs";
+  calls->store(0);
+  flaky.deterministic = false;
+  r = check_case(flaky, c, opt);
+  EXPECT_EQ(r.verdict, Verdict::passed) << r.report;
+  EXPECT_EQ(calls->load(), 2);
+  for (int bad : {1, kMaxRuns + 1}) {
+    opt.runs = bad;
+    try {
+      check_case(flaky, c, opt);
+      ADD_FAILURE() << "runs = " << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("runs: expected 2..10000 calls per case, got " +
+                                           std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(ImplJudge, NotSupportedAndUnprovidedOutputs) {
   Impl partial = reference_copy("partial");
   partial.provides = {"output.probs", "output.routing_map", "grad.logits"};

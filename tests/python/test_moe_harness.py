@@ -164,6 +164,24 @@ def test_nondeterminism_is_caught():
         moe_harness.check("sort_chunks_by_index", flaky, cases=3, named=False, shrink=False)
 
 
+def test_more_runs_catch_a_race_that_shows_now_and_then():
+    calls = {}
+
+    def now_and_then(case, inputs, outputs):
+        ni.sort_chunks_by_index(case, inputs, outputs)
+        n = calls[case.line] = calls.get(case.line, 0) + 1
+        if n == 4 and outputs["output.row_id_map"].size:  # a case's 4th call only
+            outputs["output.row_id_map"][0] += 1
+    moe_harness.check("sort_chunks_by_index", now_and_then, cases=3, named=False, shrink=False)
+    calls.clear()
+    with pytest.raises(AssertionError, match=r"differs between runs 1 and 4 \(of 5\)") as e:
+        moe_harness.check("sort_chunks_by_index", now_and_then, cases=3, named=False,
+                          shrink=False, runs=5)
+    assert "runs=5)" in str(e.value)  # the replay line makes as many calls
+    with pytest.raises(ValueError, match="runs: expected 2..10000 calls per case, got 1"):
+        moe_harness.check("sort_chunks_by_index", now_and_then, cases=1, named=False, runs=1)
+
+
 def test_torch_cpu_if_available():
     torch = pytest.importorskip("torch")
 
