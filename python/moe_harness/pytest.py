@@ -5,6 +5,8 @@ Options:
     --moe-cases N    random cases per op (default 20), on top of the named ones
     --moe-seed S     seed of the random cases (default 1)
     --moe-case LINE  run only this case (the replay of a failure)
+    --moe-runs N     moe_check's calls of the implementation per case (default 2; more hunts
+                     races that show now and then)
 
 Parametrize a test over an op's named and random cases:
 
@@ -37,6 +39,8 @@ def pytest_addoption(parser):
                 help="seed of the random cases (default %d)" % DEFAULT_SEED)
     g.addoption("--moe-case", default=None, metavar="LINE",
                 help="run only this case line (replays a failure)")
+    g.addoption("--moe-runs", type=int, default=None, metavar="N",
+                help="moe_check: calls per case, each bitwise equal to the first (default 2)")
 
 
 def pytest_configure(config):
@@ -63,8 +67,9 @@ def cases_for(config, op, cases=None, seed=None, named=True, **fixed_params):
                              named=named, **fixed_params)
 
 
-def _replay(nodeid, line):
-    return "pytest %s --moe-case %s" % (shlex.quote(nodeid), shlex.quote(line))
+def _replay(nodeid, line, runs=None):
+    return "pytest %s --moe-case %s%s" % (shlex.quote(nodeid), shlex.quote(line),
+                                          "" if runs in (None, 2) else " --moe-runs %d" % runs)
 
 
 def pytest_generate_tests(metafunc):
@@ -90,20 +95,23 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def moe_check(request):
     """moe_check(op, impl, **kw): moe_harness.check with this session's --moe-cases,
-    --moe-seed and --moe-case; a failure's replay names this test too."""
+    --moe-seed, --moe-case and --moe-runs; a failure's replay names this test too."""
     n, s, line = _options(request.config)
+    runs = request.config.getoption("moe_runs", default=None)
     nodeid = request.node.nodeid
 
     def run(op, impl, **kw):
         kw.setdefault("cases", n)
         kw.setdefault("seed", s)
+        if runs is not None:
+            kw.setdefault("runs", runs)
         if line and "case" not in kw:
             c = moe_harness.Case(line)
             if c.op != op:
                 pytest.skip("--moe-case is a case of %s, not %s" % (c.op, op))
             kw["case"] = line
         prev = moe_harness._replay_hook
-        moe_harness._replay_hook = lambda l: _replay(nodeid, l)
+        moe_harness._replay_hook = lambda l: _replay(nodeid, l, kw.get("runs"))
         try:
             return moe_harness.check(op, impl, **kw)
         finally:

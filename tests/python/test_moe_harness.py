@@ -267,3 +267,16 @@ def test_plugin_failing_run_prints_replay(tmp_path):
     # The printed replay runs exactly that case (in the parametrized test and in moe_check).
     r2 = run_pytest(tmp_path, "moe_aux_loss_bug_rows_for_tokens", "--moe-case", m.group(2))
     assert r2.returncode == 1 and "2 failed" in r2.stdout, r2.stdout[-3000:]
+
+
+def test_plugin_runs_option_hunts_races(tmp_path):
+    impl = "moe_aux_loss_flaky_4th_call"  # a case's 4th call in a row is off
+    r = run_pytest(tmp_path, impl, "--moe-cases", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    r = run_pytest(tmp_path, impl, "--moe-cases", "2", "--moe-runs", "5")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr
+    assert "differs between runs 1 and 4 (of 5)" in r.stdout, r.stdout[-3000:]
+    m = re.search(r"pytest (\S+) --moe-case '([^']+)' --moe-runs 5", r.stdout)
+    assert m, r.stdout[-3000:]
+    r2 = run_pytest(tmp_path, impl, "--moe-case", m.group(2), "--moe-runs", "5")
+    assert r2.returncode == 1 and "1 failed" in r2.stdout, r2.stdout[-3000:]
