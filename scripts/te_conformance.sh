@@ -19,7 +19,7 @@
 #                   to docs/te-conformance.md and DIR/te-conformance.json
 #
 # Needs: DIR (default .te) from ../shared/gpu-deps/te/fetch_te.sh; the Debian build deps
-# (CMAKE_PREFIX_PATH, or .deps from ../shared/gpu-deps/fetch.sh); for the permutation part
+# (CMAKE_PREFIX_PATH, or .deps from scripts/fetch_gpu_deps.sh); for the permutation part
 # python3 with torch and triton, and .whl (scripts/python_gpu_check.sh --prepare).
 # Exit: 0 the run completed (failures are findings, in the report), 1 a part could not run,
 # 2 usage or setup error.
