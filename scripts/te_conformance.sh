@@ -24,7 +24,7 @@
 # Exit: 0 the run completed (failures are findings, in the report), 1 a part could not run,
 # 2 usage or setup error.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 te=.te cases=20 seed=1 out=${OUT:-build-te/conformance} build=${MOE_BUILD_DIR:-build-te}
 bench=1 python=1 do_build=1 jobs=8
