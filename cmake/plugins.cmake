@@ -5,6 +5,7 @@
 #   - another ABI version: refused with a clear message (exit 2);
 #   - bad case lines: usage errors naming the key (exit 2); JSON and JUnit reports are written;
 #   - a race that shows on the 4th call of a case: passes 2 calls a case, fails `--runs 5`;
+#   - a crash and a hang in a call: the case named with its replay line (`--case-timeout`);
 #   - `bench --impl`: the device-memory build timed next to moe-gpu (GPU), its usage errors (CPU).
 if(NOT MOE_BUILD_TESTS)
   return()
@@ -23,6 +24,7 @@ moe_example_plugin(moe_example_plugin example_plugin.c m)
 moe_example_plugin(moe_example_plugin_buggy example_plugin.c m MOE_EXAMPLE_PLANT_BUGS=1)
 moe_example_plugin(moe_example_plugin_abi99 example_plugin.c m MOE_EXAMPLE_ABI_VERSION=99)
 moe_example_plugin(moe_example_plugin_flaky example_plugin.c m MOE_EXAMPLE_FLAKY_CALL=4)
+moe_example_plugin(moe_example_plugin_faulty example_plugin.c m MOE_EXAMPLE_FAULTS=1)
 
 set(_plugin_test ${PROJECT_SOURCE_DIR}/examples/plugin/test_plugin.sh)
 add_test(NAME plugin_example_passes
@@ -43,9 +45,12 @@ add_test(NAME check_reports
 add_test(NAME check_runs_hunt_races
          COMMAND sh ${_plugin_test} flaky $<TARGET_FILE:moe-harness>
                  $<TARGET_FILE:moe_example_plugin_flaky>)
+add_test(NAME check_names_a_crash_or_a_hang
+         COMMAND sh ${_plugin_test} faulty $<TARGET_FILE:moe-harness>
+                 $<TARGET_FILE:moe_example_plugin_faulty>)
 set_tests_properties(plugin_example_passes plugin_planted_bugs_caught plugin_abi_mismatch_refused
                      check_bad_case_lines check_reports check_runs_hunt_races
-                     PROPERTIES LABELS cpu TIMEOUT 600)
+                     check_names_a_crash_or_a_hang PROPERTIES LABELS cpu TIMEOUT 600)
 
 # The device-memory variant (kDLCUDA), where the CUDA toolkit is: runs on the GPU machine, and
 # skips (77) without a GPU.

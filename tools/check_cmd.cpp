@@ -14,6 +14,7 @@
 #include <set>
 
 #include "golden/golden.h"
+#include "harness/ops/call_guard.h"
 #include "harness/ops/case_validation.h"
 #include "harness/ops/edges.h"
 #include "harness/ops/ep_family.h"
@@ -115,6 +116,7 @@ void add_check_command(CLI::App& app, int& status) {
     std::vector<std::string> ops, plugins;
     std::string impl, backend, case_line, ties = "canonical", json, junit, save_failures;
     int cases = 20, jobs = 1, ep = 0, runs = 2;
+    double case_timeout = 0;
     uint64_t seed = 1;
     bool verbose = false, random_only = false, no_shrink = false;
   };
@@ -141,6 +143,10 @@ void add_check_command(CLI::App& app, int& status) {
                   "Calls of the implementation per case, each bitwise equal to the first "
                   "(default 2; more hunts races that show now and then)")
       ->check(CLI::Range(kMinRuns, kMaxRuns));
+  cmd->add_option("--case-timeout", a.case_timeout,
+                  "Seconds one call of the implementation may take (default 0: no limit); a call "
+                  "past it prints the case's replay line and ends the run with status 1")
+      ->check(CLI::Range(0.0, ops::kMaxCaseTimeout));
   cmd->add_option("--json", a.json, "Write a JSON report here");
   cmd->add_option("--junit", a.junit, "Write a JUnit XML report here (one test case per case)");
   cmd->add_option("--save-failures", a.save_failures,
@@ -189,6 +195,13 @@ void add_check_command(CLI::App& app, int& status) {
     if (a.runs != 2)  // the replay makes as many calls as the run that failed
       opt.replay_extra +=
           (opt.replay_extra.empty() ? "" : " ") + ("--runs " + std::to_string(a.runs));
+    opt.case_timeout_s = a.case_timeout;
+    if (a.case_timeout > 0) {  // the replay of a hang stops as the run did
+      char t[32];
+      std::snprintf(t, sizeof t, "%g", a.case_timeout);
+      opt.replay_extra +=
+          (opt.replay_extra.empty() ? "" : " ") + std::string("--case-timeout ") + t;
+    }
     opt.keep_outputs = !a.save_failures.empty();
 
 #ifdef MOE_WITH_NCCL
@@ -244,6 +257,7 @@ void add_check_command(CLI::App& app, int& status) {
     run.seed = a.seed;
     run.cases_per_op = a.cases;
     run.runs = a.runs;
+    run.case_timeout_s = a.case_timeout;
 
     if (!a.case_line.empty()) {
       // One case: validated against its op first, so a typo is a usage error, never a FAIL.

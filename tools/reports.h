@@ -14,7 +14,8 @@ struct Run {
   std::string impl, ties;
   uint64_t seed = 0;
   int cases_per_op = 0;
-  int runs = 2;  // calls of the implementation per case (--runs)
+  int runs = 2;               // calls of the implementation per case (--runs)
+  double case_timeout_s = 0;  // --case-timeout (0: none)
   std::vector<OpResult> ops;
 };
 

@@ -10,8 +10,10 @@
  * another ABI version, which the harness must refuse. -DMOE_EXAMPLE_FLAKY_CALL=N plants a race
  * that shows now and then: sort_chunks_by_index changes one bit of its output on the N-th call in a
  * row with the same case, which `check` passes with its default two calls a case and fails under
- * `--runs N` or more. */
+ * `--runs N` or more. -DMOE_EXAMPLE_FAULTS builds one that crashes or hangs on some cases (see
+ * planted_fault), which `check` must name. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,7 +351,30 @@ static int32_t moe_aux_loss_run(const moe_call* c) {
 
 /* ---- sort_chunks_by_index (SPEC §7) --------------------------------------------------------- */
 
+#ifdef MOE_EXAMPLE_FAULTS
+/* PLANTED (crash, hang): with MOE_EXAMPLE_FAULT=crash or hang in the environment, the cases whose
+ * line hashes to 1 mod 4 dereference a null pointer (SIGSEGV) or spin for ever, the same on every
+ * replay of the case. `check` must name the case (and stop a hang under --case-timeout). */
+static void planted_fault(const moe_call* c) {
+  const char* mode = getenv("MOE_EXAMPLE_FAULT");
+  if (!mode) return;
+  unsigned long h = 5381;
+  for (const char* p = c->case_line; *p; ++p) h = h * 33u + (unsigned char)*p;
+  if (h % 4 != 1) return;
+  if (strcmp(mode, "crash") == 0) {
+    volatile int* null = (volatile int*)(uintptr_t)strtoul("0", NULL, 10); /* opaque: a real fault */
+    *null = 1;
+  } else if (strcmp(mode, "hang") == 0) {
+    volatile unsigned long spin = 0;
+    for (;;) ++spin;
+  }
+}
+#endif
+
 static int32_t sort_chunks_run(const moe_call* c) {
+#ifdef MOE_EXAMPLE_FAULTS
+  planted_fault(c);
+#endif
   if (!supported_dtypes(c)) return fail(c, MOE_STATUS_NOT_SUPPORTED, "float16 is not implemented");
   const DLTensor* x = find(c->inputs, c->num_inputs, "input.x");
   const DLTensor* split = find(c->inputs, c->num_inputs, "input.split_sizes");

@@ -8,6 +8,9 @@
 #   flaky    the build whose sort_chunks_by_index changes a bit on a case's 4th call in a row:
 #            passes with check's two calls a case, fails with --runs 5 (a replay line that carries
 #            --runs and reproduces it), and --runs outside 2..10000 is a usage error
+#   faulty   the build that crashes (MOE_EXAMPLE_FAULT=crash) or hangs (=hang) on some cases: the
+#            process dies of SIGSEGV after naming the case, a hang under --case-timeout 1 exits 1
+#            naming it, each replay line reproduces it; bad --case-timeout values exit 2
 #   cuda_passes, cuda_buggy   the device-memory plugin on a GPU (exit 77 without one)
 #   cuda_bench   `bench --impl` times the device-memory plugin next to moe-gpu (exit 77 without a
 #                GPU): a verified fwd+bwd row of impl example-cuda with GB/s > 0 in the JSON
@@ -119,6 +122,41 @@ flaky)
     grep -q -- "--runs" "$tmp/out" || fail "--runs $n: the message does not name --runs: $(cat "$tmp/out")"
   done
   echo "flaky: passes 2 calls a case, caught by --runs 5, replayed; bad --runs values exit 2"
+  ;;
+faulty)
+  args="--plugin $so --op sort_chunks_by_index --cases 10 -j 1"
+  expect_status 0 "$bin" check $args --case-timeout 60  # no fault planted without the variable
+  export MOE_EXAMPLE_FAULT=crash
+  "$bin" check $args >"$tmp/out" 2>&1; st=$?
+  cat "$tmp/out"
+  [ "$st" -gt 128 ] || fail "crash: exit $st, expected death by a signal"
+  grep -q "moe-harness: SIGSEGV in a call of implementation 'example' for this case" "$tmp/out" ||
+    fail "crash: the case was not named"
+  replay=$(grep -A 3 "SIGSEGV in a call" "$tmp/out" | grep "moe-harness check " | head -n 1 |
+    sed 's/^ *moe-harness //')
+  [ -n "$replay" ] || fail "crash: no replay line"
+  eval "\"\$bin\" $replay" >"$tmp/replay" 2>&1; st=$?
+  [ "$st" -gt 128 ] && grep -q "SIGSEGV in a call" "$tmp/replay" ||
+    fail "crash: the replay exited $st: $(cat "$tmp/replay")"
+  export MOE_EXAMPLE_FAULT=hang
+  t0=$(date +%s)
+  expect_status 1 "$bin" check $args --case-timeout 1
+  cat "$tmp/out"
+  [ $(($(date +%s) - t0)) -lt 60 ] || fail "hang: --case-timeout 1 took over a minute"
+  grep -q "a call of implementation 'example' ran past the case timeout (1 s)" "$tmp/out" ||
+    fail "hang: the case was not named"
+  replay=$(grep -A 3 "ran past the case timeout" "$tmp/out" | grep "moe-harness check " |
+    head -n 1 | sed 's/^ *moe-harness //')
+  echo "$replay" | grep -q -- "--case-timeout 1 " || fail "hang: the replay lacks --case-timeout: $replay"
+  eval "\"\$bin\" $replay" >"$tmp/replay" 2>&1; st=$?
+  [ "$st" -eq 1 ] && grep -q "ran past the case timeout" "$tmp/replay" ||
+    fail "hang: the replay exited $st: $(cat "$tmp/replay")"
+  unset MOE_EXAMPLE_FAULT
+  for v in -1 x 86401; do
+    expect_status 2 "$bin" check $args --case-timeout $v
+    grep -q -- "--case-timeout" "$tmp/out" || fail "--case-timeout $v: not named: $(cat "$tmp/out")"
+  done
+  echo "faulty: a crash and a hang named with replay lines that reproduce them; bad values exit 2"
   ;;
 cuda_passes | cuda_buggy)
   "$bin" list | grep -q "no GPU here" && { echo "SKIPPED: no GPU"; exit 77; }

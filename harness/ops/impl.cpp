@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "harness/ops/call_guard.h"
 #include "harness/ops/check.h"
 #include "harness/ops/impl_buffers.h"
 #include "harness/ops/impl_check.h"
@@ -86,6 +87,7 @@ Invocation invoke(const Impl& impl, const Case& c, const std::string& params, co
   std::unique_lock<std::mutex> lock(serial_mutex(), std::defer_lock);
   if (impl.serial) lock.lock();
   if (impl.run_owned) {
+    const ops::CallGuard guard;
     inv.got = impl.run_owned(c, in);
     return inv;
   }
@@ -100,7 +102,10 @@ Invocation invoke(const Impl& impl, const Case& c, const std::string& params, co
   }
   auto buffers = ops::make_call_buffers(impl.memory, in, outs);
   ImplCall call{c, params, buffers->in_views(), buffers->out_views(), &in, buffers->stream()};
-  impl.run(call);
+  {
+    const ops::CallGuard guard;
+    impl.run(call);
+  }
   buffers->finish(inv.got, inv.faults);
   return inv;
 }
@@ -277,14 +282,22 @@ void check_runs(int runs) {
                                 std::to_string(kMaxRuns) + " calls per case, got " +
                                 std::to_string(runs));
 }
+void check_case_timeout(double s) {
+  if (!(s >= 0 && s <= ops::kMaxCaseTimeout))  // NaN fails too
+    throw std::invalid_argument(
+        "CheckOptions::case_timeout_s: expected 0 (no limit) or seconds up to " +
+        std::to_string(static_cast<int>(ops::kMaxCaseTimeout)) + ", got " + std::to_string(s));
+}
 }  // namespace
 
 CaseResult check_case(const Impl& impl, const Case& c, const CheckOptions& opt) {
   check_runs(opt.runs);
+  check_case_timeout(opt.case_timeout_s);
   CaseResult res;
   res.c = c;
   res.named = c.has("name");
   res.replay = replay_command(c, impl.name, opt.ties, opt.replay_extra);
+  const ops::CaseScope scope(impl.name, c.line(), res.replay, opt.case_timeout_s);
   const auto t0 = std::chrono::steady_clock::now();
   Report r;
   try {
@@ -397,6 +410,7 @@ OpResult check_impl(const Impl& impl, const CheckOptions& opt,
   const ops::OpInfo* op = ops::find_op(impl.op);
   if (!op) throw std::invalid_argument("check_impl: unknown op '" + impl.op + "'");
   check_runs(opt.runs);
+  check_case_timeout(opt.case_timeout_s);
   OpResult out;
   out.op = impl.op;
   out.impl = impl.name;

@@ -137,6 +137,11 @@ struct CheckOptions {
   // give its bits (a deterministic implementation). More than 2 hunts races that show only now
   // and then; a case stops at the first call that differs.
   int runs = 2;
+  // Seconds one call of the implementation may take (0: no limit, at most a day). A call past it
+  // prints the case's replay line and ends the process with status 1: a hung call cannot be
+  // abandoned. A call that dies of a fatal signal prints the replay line before the process dies,
+  // with or without a timeout.
+  double case_timeout_s = 0;
   bool keep_outputs = false;  // keep a failing case's outputs in CaseResult::outputs
   // Optional rewrite of every case (e.g. moe_block's cases to an EP size); nullopt drops a case.
   std::function<std::optional<Case>(const Case&)> rewrite;

@@ -244,7 +244,7 @@ def _register(op, impl, framework, device, name, deterministic, provides, unwrit
 
 def check(op, impl, cases=100, seed=1, ties="canonical", framework="numpy", device=None,
           named=True, provides=None, deterministic=True, name=None, case=None, shrink=True,
-          unwritten="zeros", runs=2, **fixed_params):
+          unwritten="zeros", runs=2, case_timeout=0, **fixed_params):
     """Checks impl on every named case of op and `cases` random ones (seed), as `moe-harness
     check --impl` checks a C++ implementation: poisoned outputs, guard bytes, two runs bitwise
     equal (unless deterministic=False), the tie policy `ties` (canonical, te, any), failing random
@@ -254,12 +254,16 @@ def check(op, impl, cases=100, seed=1, ties="canonical", framework="numpy", devi
     TransformerEngine leave uninitialised (unpadded dispatch tail and row_id_map past each
     token's count, combine's unowned grad.permuted rows) are not compared; "zeros" (default):
     SPEC's zeros are demanded. runs: calls per case, each bitwise equal to the first (2 to
-    10000; more hunts races that show now and then). fixed_params: as for cases().
+    10000; more hunts races that show now and then). case_timeout: seconds one call of impl may
+    take (0: no limit): a call past it prints the case line and ends the process with status 1 (a
+    hung call cannot be abandoned); a call that dies of a fatal signal (a crash in an extension)
+    prints the case line before the process dies. fixed_params: as for cases().
     Returns a CheckResult; raises AssertionError with every failing case's report and replay."""
     pyimpl = _register(op, impl, framework, device, name, deterministic, provides, unwritten)
     try:
         r = _core.check(pyimpl, int(cases), int(seed), ties, bool(named), fixed_params,
-                        None if case is None else str(case), bool(shrink), int(runs))
+                        None if case is None else str(case), bool(shrink), int(runs),
+                        float(case_timeout))
     finally:
         pyimpl.release()
     args = ""
@@ -275,6 +279,8 @@ def check(op, impl, cases=100, seed=1, ties="canonical", framework="numpy", devi
         args += ", unwritten=%r" % unwritten
     if runs != 2:
         args += ", runs=%d" % int(runs)
+    if case_timeout:
+        args += ", case_timeout=%g" % float(case_timeout)
 
     def replay(line):
         s = "moe_harness.check(%r, %s, case=%r%s)" % (op, _impl_label(impl), line, args)

@@ -7,6 +7,10 @@ Options:
     --moe-case LINE  run only this case (the replay of a failure)
     --moe-runs N     moe_check's calls of the implementation per case (default 2; more hunts
                      races that show now and then)
+    --moe-case-timeout S  moe_check's seconds per call (default none): a call past it prints the
+                     case and ends the session with status 1. The message goes to file
+                     descriptor 2, which pytest's default capture (fd) swallows when the process
+                     ends: run with --capture=sys (or -s) to see it.
 
 Parametrize a test over an op's named and random cases:
 
@@ -41,6 +45,9 @@ def pytest_addoption(parser):
                 help="run only this case line (replays a failure)")
     g.addoption("--moe-runs", type=int, default=None, metavar="N",
                 help="moe_check: calls per case, each bitwise equal to the first (default 2)")
+    g.addoption("--moe-case-timeout", type=float, default=None, metavar="S",
+                help="moe_check: seconds one call may take; past it the case is printed and the "
+                "session ends with status 1 (default: no limit)")
 
 
 def pytest_configure(config):
@@ -95,9 +102,11 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def moe_check(request):
     """moe_check(op, impl, **kw): moe_harness.check with this session's --moe-cases,
-    --moe-seed, --moe-case and --moe-runs; a failure's replay names this test too."""
+    --moe-seed, --moe-case, --moe-runs and --moe-case-timeout; a failure's replay names this test
+    too."""
     n, s, line = _options(request.config)
     runs = request.config.getoption("moe_runs", default=None)
+    case_timeout = request.config.getoption("moe_case_timeout", default=None)
     nodeid = request.node.nodeid
 
     def run(op, impl, **kw):
@@ -105,6 +114,8 @@ def moe_check(request):
         kw.setdefault("seed", s)
         if runs is not None:
             kw.setdefault("runs", runs)
+        if case_timeout is not None:
+            kw.setdefault("case_timeout", case_timeout)
         if line and "case" not in kw:
             c = moe_harness.Case(line)
             if c.op != op:

@@ -361,7 +361,7 @@ PyImpl register_python(const std::string& op, nb::object runner, nb::object not_
 // Python implementation.
 nb::dict check(const PyImpl& pyimpl, int cases, uint64_t seed, const std::string& ties, bool named,
                const nb::dict& fixed_py, std::optional<std::string> case_line, bool shrink,
-               int runs) {
+               int runs, double case_timeout) {
   const std::string& op = pyimpl.op;
   const std::map<std::string, std::string> fixed = fixed_strings(op, fixed_py);
   const std::string impl_name = pyimpl.name;
@@ -375,6 +375,7 @@ nb::dict check(const PyImpl& pyimpl, int cases, uint64_t seed, const std::string
   opt.ties = ties_of(ties);
   opt.shrink = shrink;
   opt.runs = runs;
+  opt.case_timeout_s = case_timeout;
   opt.jobs = 1;
   if (!fixed.empty()) {
     // Unknown keys and values of the wrong kind are usage errors, reported once, here.
@@ -642,7 +643,7 @@ NB_MODULE(_core, m) {
   m.def("register_python", &register_python, "op"_a, "runner"_a, "not_supported"_a, "name"_a,
         "deterministic"_a, "provides"_a, "unwritten"_a = "zeros");
   m.def("check", &check, "impl"_a, "cases"_a, "seed"_a, "ties"_a, "named"_a, "fixed"_a,
-        "case_line"_a.none(), "shrink"_a, "runs"_a = 2);
+        "case_line"_a.none(), "shrink"_a, "runs"_a = 2, "case_timeout"_a = 0.0);
   m.def("compare", &compare, "case"_a, "outputs"_a, "ties"_a);
   m.def("golden_read", &golden_read, "path"_a);
   m.def("golden_write", &golden_write, "path"_a, "tensors"_a, "op"_a, "dtype"_a, "seed"_a,

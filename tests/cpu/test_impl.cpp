@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstring>
+#include <thread>
 
 #include "harness/core/params/router.h"
+#include "harness/ops/call_guard.h"
 #include "harness/ops/case_validation.h"
 #include "harness/ops/registry.h"
 #include "harness/ops/router_family.h"
@@ -238,6 +243,44 @@ TEST(ImplJudge, MoreRunsCatchARaceThatShowsNowAndThen) {
       EXPECT_NE(std::string(e.what()).find("runs: expected 2..10000 calls per case, got " +
                                            std::to_string(bad)),
                 std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// A call that dies of a fatal signal names its case and replay line on stderr before the process
+// dies of the signal; one that outlives CheckOptions::case_timeout_s ends the process with status
+// 1, naming it. Death tests: each runs in a child process.
+TEST(ImplJudge, ACrashOrAHangInACallNamesTheCase) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const Case c = named_router_case("R15_no_bias");
+  const Impl crasher =
+      raw("crasher", [](const ImplCall&, const TensorMap&) { std::raise(SIGSEGV); });
+  EXPECT_EXIT(
+      check_case(crasher, c, CheckOptions{}), ::testing::KilledBySignal(SIGSEGV),
+      "moe-harness: SIGSEGV in a call of implementation 'crasher' for this case; the "
+      "process dies of it.\n  case: op=topk_router .*Replay:\n  moe-harness check --impl crasher "
+      "--case 'op=topk_router");
+  const Impl hangs = raw("hangs", [](const ImplCall&, const TensorMap&) {
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+  });
+  CheckOptions opt;
+  opt.case_timeout_s = 0.2;
+  EXPECT_EXIT(check_case(hangs, c, opt), ::testing::ExitedWithCode(1),
+              "a call of implementation 'hangs' ran past the case timeout \\(0.2 s\\) for this "
+              "case.*Replay:\n  moe-harness check --impl hangs --case 'op=topk_router");
+  // Calls inside the limit, and the guard gone once check_case returns.
+  const Impl quick = reference_copy("quick");
+  EXPECT_EQ(check_case(quick, c, opt).verdict, Verdict::passed);
+  for (double bad : {-1.0, ops::kMaxCaseTimeout + 1, std::nan("")}) {
+    opt.case_timeout_s = bad;
+    try {
+      check_case(quick, c, opt);
+      ADD_FAILURE() << "case_timeout_s = " << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("case_timeout_s: expected 0 (no limit) or seconds up to"),
+          std::string::npos)
           << e.what();
     }
   }

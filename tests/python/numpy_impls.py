@@ -330,6 +330,12 @@ def moe_aux_loss_flaky_4th_call(case, inputs, outputs):
         cb[0] = np.nextafter(cb[0], np.float32(np.inf))
 
 
+def moe_aux_loss_hangs(case, inputs, outputs):
+    """A call that never returns (a deadlock, a kernel that spins)."""
+    import time
+    time.sleep(600)
+
+
 CORRECT = {
     "topk_router": topk_router,
     "token_dispatch": token_dispatch,

@@ -9,6 +9,7 @@ Run: pytest tests/python  (ctest: python_package, which builds and installs the 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -182,6 +183,42 @@ def test_more_runs_catch_a_race_that_shows_now_and_then():
         moe_harness.check("sort_chunks_by_index", now_and_then, cases=1, named=False, runs=1)
 
 
+def _run_isolated(body):
+    """Runs body (Python source, with moe_harness and ni importable) in a fresh interpreter."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    src = "import moe_harness, numpy_impls as ni\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", src], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=HERE)
+
+
+def test_a_hang_or_a_crash_in_a_call_names_the_case():
+    # A call past case_timeout ends the process with status 1, naming the case.
+    r = _run_isolated("""
+        import time
+        def hangs(case, inputs, outputs):
+            time.sleep(60)
+        moe_harness.check("sort_chunks_by_index", hangs, cases=1, named=False, case_timeout=0.5)
+    """)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "ran past the case timeout (0.5 s) for this case" in r.stderr, r.stderr
+    assert "case: op=sort_chunks_by_index " in r.stderr, r.stderr
+    # A call that dies of SIGSEGV (a crash in an extension) names the case, then dies of it.
+    r = _run_isolated("""
+        import ctypes
+        def crashes(case, inputs, outputs):
+            ctypes.string_at(0)
+        moe_harness.check("sort_chunks_by_index", crashes, cases=1, named=False)
+    """)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stderr)
+    assert "SIGSEGV in a call of implementation" in r.stderr, r.stderr
+    assert "case: op=sort_chunks_by_index " in r.stderr, r.stderr
+    # Within the limit nothing changes; a bad value is a ValueError naming it.
+    moe_harness.check("sort_chunks_by_index", ni.sort_chunks_by_index, cases=2, case_timeout=60)
+    with pytest.raises(ValueError, match="case_timeout_s: expected 0"):
+        moe_harness.check("sort_chunks_by_index", ni.sort_chunks_by_index, cases=1, named=False,
+                          case_timeout=-1)
+
+
 def test_torch_cpu_if_available():
     torch = pytest.importorskip("torch")
 
@@ -242,13 +279,14 @@ def test_aux_check(moe_check):
 """
 
 
-def run_pytest(tmp_path, impl, *args):
+def run_pytest(tmp_path, impl, *args, timeout=None):
     (tmp_path / "test_plugin_example.py").write_text(PLUGIN_TEST % (impl, impl))
     env = dict(os.environ)
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "moe_harness.pytest", "-p", "no:cacheprovider",
            str(tmp_path / "test_plugin_example.py")] + list(args)
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path), env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path), env=env,
+                          timeout=timeout)
 
 
 def test_plugin_passing_run(tmp_path):
@@ -267,6 +305,16 @@ def test_plugin_failing_run_prints_replay(tmp_path):
     # The printed replay runs exactly that case (in the parametrized test and in moe_check).
     r2 = run_pytest(tmp_path, "moe_aux_loss_bug_rows_for_tokens", "--moe-case", m.group(2))
     assert r2.returncode == 1 and "2 failed" in r2.stdout, r2.stdout[-3000:]
+
+
+def test_plugin_case_timeout_option_stops_a_hang(tmp_path):
+    # moe_check only (-k): the parametrized test calls the implementation itself, unguarded.
+    # --capture=sys: the message is written to fd 2, which fd capture would swallow.
+    r = run_pytest(tmp_path, "moe_aux_loss_hangs", "-k", "check", "--capture=sys",
+                   "--moe-case-timeout", "0.5", timeout=120)
+    assert r.returncode == 1, (r.returncode, r.stdout[-3000:] + r.stderr)
+    assert "ran past the case timeout (0.5 s) for this case" in r.stderr, r.stderr
+    assert "case: op=moe_aux_loss " in r.stderr, r.stderr
 
 
 def test_plugin_runs_option_hunts_races(tmp_path):
