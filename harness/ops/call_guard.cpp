@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -23,6 +24,7 @@ thread_local const CaseScope* t_case = nullptr;
 // it is a plain pointer to a string that lives as long as the CaseScope.
 thread_local const std::string* t_crash = nullptr;
 thread_local bool t_alt_stack = false;
+std::atomic<int> g_fd{STDERR_FILENO};  // lock-free: read in the signal handler
 
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 struct sigaction g_previous[std::size(kSignals)];
@@ -47,7 +49,7 @@ const char* signal_name(int sig) {
 // Async-signal-safe: write(2) only.
 void write_all(const char* p, size_t n) {
   while (n > 0) {
-    const ssize_t w = ::write(STDERR_FILENO, p, n);
+    const ssize_t w = ::write(g_fd.load(std::memory_order_relaxed), p, n);
     if (w <= 0) return;
     p += w;
     n -= static_cast<size_t>(w);
@@ -123,9 +125,9 @@ struct Watchdog {
         cv.wait_until(lock, due.deadline);
         continue;  // the call may have ended meanwhile: look again
       }
-      std::fputs(due.message->c_str(), stderr);
-      std::fflush(stderr);
       std::fflush(stdout);
+      std::fflush(stderr);
+      write_all(due.message->data(), due.message->size());
       std::_Exit(1);
     }
   }
@@ -147,6 +149,10 @@ std::string seconds(double s) {
 }
 
 }  // namespace
+
+void set_message_fd(int fd) {
+  g_fd.store(fd < 0 ? STDERR_FILENO : fd);
+}
 
 CaseScope::CaseScope(const std::string& impl, const std::string& case_line,
                      const std::string& replay, double timeout_s)

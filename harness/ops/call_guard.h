@@ -45,6 +45,11 @@ class CallGuard {
   unsigned long long watch_id_ = 0;  // 0: not watched
 };
 
+// Where the messages go: a file descriptor (default 2). The pytest plugin passes a copy of the
+// terminal's stderr taken before pytest's capture replaces descriptor 2, as pytest's own
+// faulthandler does, so the message is not lost with the captured output when the process ends.
+void set_message_fd(int fd);
+
 // The seconds CheckOptions::case_timeout_s may hold: 0 (none) or up to a day.
 constexpr double kMaxCaseTimeout = 86400;
 

@@ -8,9 +8,8 @@ Options:
     --moe-runs N     moe_check's calls of the implementation per case (default 2; more hunts
                      races that show now and then)
     --moe-case-timeout S  moe_check's seconds per call (default none): a call past it prints the
-                     case and ends the session with status 1. The message goes to file
-                     descriptor 2, which pytest's default capture (fd) swallows when the process
-                     ends: run with --capture=sys (or -s) to see it.
+                     case (to the terminal, past pytest's capture) and ends the session with
+                     status 1.
 
 Parametrize a test over an op's named and random cases:
 
@@ -25,11 +24,14 @@ or check an implementation (all cases in one test, shrinking included):
     def test_router_check(moe_check):
         moe_check("topk_router", my_impl, framework="torch", device="cuda")
 """
+import os
 import shlex
+import sys
 
 import pytest
 
 import moe_harness
+from moe_harness import _core
 
 DEFAULT_CASES = 20
 DEFAULT_SEED = 1
@@ -50,10 +52,32 @@ def pytest_addoption(parser):
                 "session ends with status 1 (default: no limit)")
 
 
+_message_fd = None
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "moe_op(op, cases=None, seed=None, named=True, **fixed_params): parametrize "
         "the test's `moe_case` argument over the op's named and random cases")
+    # A crash or a case timeout ends the process with pytest's captured output unprinted: check's
+    # message goes to a copy of the terminal's stderr, taken before capture replaces descriptor 2
+    # (as pytest's faulthandler plugin does).
+    global _message_fd
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else -1
+    if fd >= 0 and _message_fd is None:
+        _message_fd = os.dup(fd)
+        _core._set_message_fd(_message_fd)
+
+
+def pytest_unconfigure(config):
+    global _message_fd
+    if _message_fd is not None:
+        _core._set_message_fd(2)
+        os.close(_message_fd)
+        _message_fd = None
 
 
 def _options(config):

@@ -32,6 +32,7 @@
 #include "golden/golden.h"
 #include "golden/safetensors.h"
 #include "golden/schema.h"
+#include "harness/ops/call_guard.h"
 #include "harness/ops/case_validation.h"
 #include "harness/ops/impl_buffers.h"
 #include "harness/ops/registry.h"
@@ -645,6 +646,9 @@ NB_MODULE(_core, m) {
   m.def("check", &check, "impl"_a, "cases"_a, "seed"_a, "ties"_a, "named"_a, "fixed"_a,
         "case_line"_a.none(), "shrink"_a, "runs"_a = 2, "case_timeout"_a = 0.0);
   m.def("compare", &compare, "case"_a, "outputs"_a, "ties"_a);
+  // Where check's crash and case-timeout messages go (harness/ops/call_guard.h): the pytest
+  // plugin passes a copy of the terminal's stderr.
+  m.def("_set_message_fd", &moe::ops::set_message_fd, "fd"_a);
   m.def("golden_read", &golden_read, "path"_a);
   m.def("golden_write", &golden_write, "path"_a, "tensors"_a, "op"_a, "dtype"_a, "seed"_a,
         "params_json"_a, "extra"_a);

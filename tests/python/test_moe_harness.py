@@ -309,9 +309,9 @@ def test_plugin_failing_run_prints_replay(tmp_path):
 
 def test_plugin_case_timeout_option_stops_a_hang(tmp_path):
     # moe_check only (-k): the parametrized test calls the implementation itself, unguarded.
-    # --capture=sys: the message is written to fd 2, which fd capture would swallow.
-    r = run_pytest(tmp_path, "moe_aux_loss_hangs", "-k", "check", "--capture=sys",
-                   "--moe-case-timeout", "0.5", timeout=120)
+    # pytest's default (fd) capture is on: the message must still reach the terminal's stderr.
+    r = run_pytest(tmp_path, "moe_aux_loss_hangs", "-k", "check", "--moe-case-timeout", "0.5",
+                   timeout=120)
     assert r.returncode == 1, (r.returncode, r.stdout[-3000:] + r.stderr)
     assert "ran past the case timeout (0.5 s) for this case" in r.stderr, r.stderr
     assert "case: op=moe_aux_loss " in r.stderr, r.stderr
