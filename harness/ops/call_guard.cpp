@@ -125,8 +125,14 @@ struct Watchdog {
         cv.wait_until(lock, due.deadline);
         continue;  // the call may have ended meanwhile: look again
       }
-      std::fflush(stdout);
-      std::fflush(stderr);
+      // What the run printed so far, unless the hung thread holds the stream (it may hang in
+      // stdio): then it is lost, but the message is not.
+      for (FILE* f : {stdout, stderr}) {
+        if (ftrylockfile(f) == 0) {
+          fflush_unlocked(f);
+          funlockfile(f);
+        }
+      }
       write_all(due.message->data(), due.message->size());
       std::_Exit(1);
     }
