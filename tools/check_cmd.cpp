@@ -192,15 +192,16 @@ void add_check_command(CLI::App& app, int& status) {
     opt.jobs = a.jobs;
     opt.runs = a.runs;
     opt.replay_extra = plugin_flags(a.plugins);
+    auto replay_flag = [&opt](const std::string& flag) {
+      opt.replay_extra += (opt.replay_extra.empty() ? "" : " ") + flag;
+    };
     if (a.runs != 2)  // the replay makes as many calls as the run that failed
-      opt.replay_extra +=
-          (opt.replay_extra.empty() ? "" : " ") + ("--runs " + std::to_string(a.runs));
+      replay_flag("--runs " + std::to_string(a.runs));
     opt.case_timeout_s = a.case_timeout;
     if (a.case_timeout > 0) {  // the replay of a hang stops as the run did
       char t[32];
       std::snprintf(t, sizeof t, "%g", a.case_timeout);
-      opt.replay_extra +=
-          (opt.replay_extra.empty() ? "" : " ") + std::string("--case-timeout ") + t;
+      replay_flag(std::string("--case-timeout ") + t);
     }
     opt.keep_outputs = !a.save_failures.empty();
 
