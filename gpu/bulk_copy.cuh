@@ -69,4 +69,32 @@ __device__ __forceinline__ void copy_g2s(void* dst, const void* src, uint32_t by
       : "memory");
 }
 
+// Shared -> global: generic-proxy writes of the source (this thread's) must be fenced before a
+// bulk copy reads them (fence_proxy_async, then a barrier, then one thread issues the copy).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to global memory
+// as part of this thread's current bulk group; commit_group closes the group.
+__device__ __forceinline__ void copy_s2g(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's committed bulk groups still read their shared
+// memory sources (their writes to global may still be in flight).
+template <int kPending>
+__device__ __forceinline__ void wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+// Waits until all of this thread's committed bulk groups have completed.
+__device__ __forceinline__ void wait_group_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 }  // namespace moe::gpu::bulk

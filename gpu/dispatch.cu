@@ -314,6 +314,116 @@ int64_t dispatch_rows_resident() {
   return n;
 }
 
+// The same rows for rows of 16-byte vectors (sm_90), moved by bulk copies: each warp of the CTA
+// runs its own ring of kDispStages shared-memory stages. A work item is (token t, column chunk c)
+// (items gw, gw + GW, ... of the GW warps of the grid): lane 0 copies chunk c of x[t] into a stage
+// kDispStages - 1 items ahead, and once it has landed, lane k copies it out to the row of each
+// slot k, k + 32, ... (from a chunk of zeros for an R12 zero-prob slot) as a bulk group. A stage
+// takes its next chunk once every lane's copies out of it have read it. Then the zero rows: lane
+// `lane` of warp gw writes rows gw * 32 + lane, + GW * 32, ... of the zero list from the zero
+// chunk. The DeepSeek-V3 dispatch moved 85.9 / 87.4% of the copy bandwidth (a = 0 / 128) through
+// each warp's 16-byte streaming stores (dispatch_rows_kernel), 87.3 / 89.6% here (H100, session
+// 32).
+constexpr int kDispWarps = 2, kDispStages = 4;
+constexpr int kDispChunk = 16 * 1024;  // bytes of a row per work item, at most
+constexpr int kDispSmem =
+    (kDispWarps * kDispStages + 1) * kDispChunk + kDispWarps * kDispStages * 8;
+
+__global__ void __launch_bounds__(kDispWarps * 32, 1)
+    dispatch_rows_bulk_kernel(const uint8_t* x, const int32_t* rid, const int32_t* pad,
+                              const void* probs, void* pprobs, int pcode, uint8_t* out, long long T,
+                              long long E, long long rows, long long row_bytes, int chunks,
+                              int chunk_bytes, const long long* kept, const long long* aoff,
+                              const long long* padoff) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint8_t* zeros_chunk = smem + kDispWarps * kDispStages * kDispChunk;
+  uint8_t* ring = smem + warp * kDispStages * kDispChunk;
+  auto* full = reinterpret_cast<uint64_t*>(zeros_chunk + kDispChunk) + warp * kDispStages;
+  for (int i = threadIdx.x; i < kDispChunk / 16; i += blockDim.x)
+    reinterpret_cast<int4*>(zeros_chunk)[i] = int4{0, 0, 0, 0};
+  bulk::fence_proxy_async();  // the zeros are read by bulk copies
+  if (lane == 0) {
+    for (int st = 0; st < kDispStages; ++st) bulk::mbar_init(&full[st], 1);
+    bulk::mbar_init_fence();
+  }
+  __syncthreads();
+  const long long GW = static_cast<long long>(gridDim.x) * kDispWarps;
+  const long long gw = static_cast<long long>(blockIdx.x) * kDispWarps + warp;
+  const long long items = T * chunks;
+  const long long mine = items > gw ? (items - gw + GW - 1) / GW : 0;
+  auto chunk_size = [&](int c) {
+    return static_cast<uint32_t>(min(static_cast<long long>(chunk_bytes),
+                                     row_bytes - static_cast<long long>(c) * chunk_bytes));
+  };
+  const uint64_t pol = bulk::evict_first_policy();  // each x row is read once
+  auto load = [&](long long j) {                    // lane 0: item j of this warp into its stage
+    const int st = static_cast<int>(j % kDispStages);
+    const long long i = gw + j * GW, t = i / chunks;
+    const int c = static_cast<int>(i - t * chunks);
+    bulk::mbar_arrive_expect_tx(&full[st], chunk_size(c));
+    bulk::copy_g2s(ring + st * kDispChunk,
+                   x + t * row_bytes + static_cast<long long>(c) * chunk_bytes, chunk_size(c),
+                   &full[st], pol);
+  };
+  if (lane == 0) {
+    for (long long j = 0; j < kDispStages && j < mine; ++j) load(j);
+  }
+  for (long long j = 0; j < mine; ++j) {
+    const int st = static_cast<int>(j % kDispStages);
+    const long long i = gw + j * GW, t = i / chunks;
+    const int c = static_cast<int>(i - t * chunks);
+    const long long off = static_cast<long long>(c) * chunk_bytes;
+    const uint32_t bytes = chunk_size(c);
+    const long long n = slot_count(rid, E, t, nullptr);
+    bulk::mbar_wait(&full[st], static_cast<uint32_t>((j / kDispStages) & 1));
+    for (long long k = lane; k < n; k += 32) {
+      const Slot sl = decode_slot(rid, E, t, k, pad, rows, nullptr, 0, nullptr);
+      if (sl.row < 0) continue;  // only after a capacity fault, already raised
+      bool zero = false;
+      if (probs) {
+        if (c == 0) copy_elem(pprobs, sl.row, probs, t * E + sl.e, pcode);
+        zero = load_f(probs, pcode, t * E + sl.e) == 0.0f;  // R12: +0 and -0 both
+      }
+      bulk::copy_s2g(out + sl.row * row_bytes + off, zero ? zeros_chunk : ring + st * kDispChunk,
+                     bytes);
+    }
+    bulk::commit_group();
+    // This lane's copies of item j - 1 have read their stage; once every lane's have, it takes
+    // item j - 1 + kDispStages.
+    bulk::wait_group_read<1>();
+    __syncwarp();
+    if (lane == 0 && j >= 1 && j - 1 + kDispStages < mine) load(j - 1 + kDispStages);
+  }
+  const long long pads = padoff[E], aligned = aoff[E];
+  const long long nz = pads + max(0LL, rows - aligned);
+  for (long long v = gw * 32 + lane; v < nz; v += GW * 32) {
+    long long row;
+    if (v < pads) {
+      long long lo = 0, hi = E;  // first j in [0,E] with padoff[j] > v, minus one
+      while (lo < hi) {
+        const long long mid = (lo + hi) / 2;
+        if (padoff[mid] > v) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
+      }
+      const long long e = lo - 1;
+      row = aoff[e] + kept[e] + (v - padoff[e]);
+    } else {
+      row = aligned + (v - pads);
+    }
+    if (row >= rows) continue;  // padding past the buffer: only after a capacity fault
+    for (int c = 0; c < chunks; ++c)
+      bulk::copy_s2g(out + row * row_bytes + static_cast<long long>(c) * chunk_bytes, zeros_chunk,
+                     chunk_size(c));
+    bulk::commit_group();
+    if (pprobs) zero_elem(pprobs, row, pcode);
+  }
+  bulk::wait_group_all();  // every copy out has completed before the kernel ends
+}
+
 // ---------------------------------------------------------------------------------------------
 // Typed row kernels (fp32 arithmetic): dispatch backward, combine forward and backward.
 
@@ -445,10 +555,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // after the last group, the operations and order of gather_sum_kernel. The producer decodes a
 // token's slots (up to 32, one a lane) once, in steps spread over the two tokens before it so no
 // load latency is exposed; every slot is checked once, and rows of faulting slots are skipped.
+// The rounded chunk goes out as one bulk copy from a ring of kOutSlots shared-memory slots. With
+// each thread's 16-byte store instead, the output's 1/9 of the bytes cost 25% of the time (stores
+// left out: 628 against 787 us) and the combine reached 92.0-92.7% of copy bandwidth; with bulk
+// copies 93.3-94.2% (H100, DeepSeek-V3 a = 128; docs/perf.md, session 32).
 constexpr int kBulkConsumers = 256;              // one 16-byte vector of a chunk each
 constexpr int kBulkChunk = kBulkConsumers * 16;  // bytes of a row per work item, at most
 constexpr int kBulkGroup = 8;                    // slots per work item
 constexpr int kBulkStages = 4;
+constexpr int kOutSlots = 4;  // staged output chunks; a slot is reused after kOutSlots - 1 more
 constexpr int kBulkThreads = kBulkConsumers + 32;  // + the producer warp
 constexpr int kBulkStageBytes = kBulkGroup * kBulkChunk;
 
@@ -463,7 +578,12 @@ struct BulkItem {
 };
 
 constexpr int kBulkSmem = kBulkStages * kBulkStageBytes + kBulkStages * sizeof(BulkItem) +
-                          2 * kBulkStages * sizeof(uint64_t);
+                          2 * kBulkStages * sizeof(uint64_t) + kOutSlots * kBulkChunk;
+static_assert((kBulkStages * kBulkStageBytes + kBulkStages * sizeof(BulkItem) +
+               2 * kBulkStages * sizeof(uint64_t)) %
+                      16 ==
+                  0,
+              "the output slots must be 16-byte aligned for bulk copies");
 
 template <class T, int N>
 __global__ void __launch_bounds__(kBulkThreads, 1)
@@ -475,6 +595,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
   auto* items = reinterpret_cast<BulkItem*>(smem + kBulkStages * kBulkStageBytes);
   auto* full = reinterpret_cast<uint64_t*>(items + kBulkStages);
   uint64_t* empty = full + kBulkStages;
+  uint8_t* out_slots = reinterpret_cast<uint8_t*>(empty + kBulkStages);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kBulkStages; ++s) {
       bulk::mbar_init(&full[s], 1);
@@ -591,6 +712,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
   using VT = Vec<T, N>;
   const int j = threadIdx.x;
   float acc[N];
+  int stores = 0;  // output chunks issued
   for (int it = 0;; ++it) {
     const int s = it % kBulkStages;
     bulk::mbar_wait(&full[s], (it / kBulkStages) & 1);
@@ -598,8 +720,9 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
     const long long t = item.t;
     if (t < 0) break;
     const long long off = static_cast<long long>(item.c) * chunk_bytes;
-    const bool mine =
-        16 * static_cast<long long>(j) < min(static_cast<long long>(chunk_bytes), row_bytes - off);
+    const uint32_t bytes =
+        static_cast<uint32_t>(min(static_cast<long long>(chunk_bytes), row_bytes - off));
+    const bool mine = 16 * j < static_cast<int>(bytes);
     if (item.first) {
 #pragma unroll
       for (int q = 0; q < N; ++q) acc[q] = 0.0f;
@@ -614,15 +737,30 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
 #pragma unroll
         for (int q = 0; q < N; ++q) acc[q] += to_f32(v.v[q]) * w;
       }
-      if (item.last) {
+    }
+    if (item.last) {  // uniform over the consumers: every one takes part in the barrier
+      uint8_t* slot = out_slots + (stores % kOutSlots) * kBulkChunk;
+      if (mine) {
         VT o;
 #pragma unroll
         for (int q = 0; q < N; ++q) o.v[q] = from_f32<T>(acc[q]);
-        *reinterpret_cast<VT*>(reinterpret_cast<uint8_t*>(out + t * H) + off + 16 * j) = o;
+        *reinterpret_cast<VT*>(slot + 16 * j) = o;
+        bulk::fence_proxy_async();  // before the bulk copy (async proxy) reads the slot
       }
+      // The slot after this one was last read by store stores + 1 - kOutSlots: with at most
+      // kOutSlots - 2 of the earlier stores still reading, it is free for the next chunk, and
+      // the barrier tells every consumer so before it writes there.
+      if (j == 0) bulk::wait_group_read<kOutSlots - 2>();
+      asm volatile("bar.sync 1, %0;" ::"n"(kBulkConsumers) : "memory");  // consumers only
+      if (j == 0) {
+        bulk::copy_s2g(reinterpret_cast<uint8_t*>(out + t * H) + off, slot, bytes);
+        bulk::commit_group();
+      }
+      ++stores;
     }
     bulk::mbar_arrive(&empty[s]);  // this thread's reads of the stage are done
   }
+  if (j == 0) bulk::wait_group_all();  // the output is written before the kernel ends
 }
 
 // grad_probs[t,:] = 0, then grad_probs[t,e_k] = ct_pprobs[row_k] (bitwise, same dtype), so that
@@ -890,6 +1028,29 @@ void token_dispatch_fwd_into(const DeviceTensor& x, const DeviceTensor& routing_
   }
   const int vb = vec_bytes(row_bytes, {x.data(), out.permuted.data()});
   if (T == 0 && R == 0) return;
+  if (vb == 16 && row_bytes > 0) {
+    // Rows of 16-byte vectors: the bulk-copy kernel, one CTA an SM (its rings take 144 KB of
+    // shared memory; the attribute is set once a process). Chunks of at most kDispChunk bytes,
+    // as equal as 16-byte multiples allow.
+    static const bool attr_set = [] {
+      MOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_rows_bulk_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kDispSmem));
+      return true;
+    }();
+    (void)attr_set;
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(row_bytes, kDispChunk));
+    const int64_t chunk_bytes = ceil_div(ceil_div(row_bytes, chunks), 16) * 16;
+    const int64_t pipes = std::max<int64_t>(T * chunks, ceil_div(R, 32));
+    const auto grid = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(num_sms(), ceil_div(pipes, kDispWarps))));
+    dispatch_rows_bulk_kernel<<<grid, kDispWarps * 32, kDispSmem, s>>>(
+        static_cast<const uint8_t*>(x.data()), out.row_id_map.data<int32_t>(),
+        opt_i32(out.pad_offsets), probs ? probs->data() : nullptr, pprobs, pcode,
+        static_cast<uint8_t*>(out.permuted.data()), T, E, R, row_bytes, static_cast<int>(chunks),
+        static_cast<int>(chunk_bytes), kept.get(), aoff.get(), padoff.get());
+    check_launch("dispatch_rows_bulk_kernel");
+    return;
+  }
   dispatch_vec(vb, [&](auto v) {
     constexpr int VB = decltype(v)::value;
     // Work items: T tokens and at most ceil(R / warps) groups of zero rows (the device knows how

@@ -151,6 +151,27 @@ TEST(DispatchGpuDeterminism, LargerShapes) {
       cases.push_back(c);
     }
   }
+  // Rows of 16400 bytes (f32, H = 4100): the bulk-copy kernels' rows in several chunks
+  // (dispatch: 8208 + 8192 bytes; combine: 5 x 3280), with padding rows, and for the
+  // dispatch both signs of zero probs (R12) and a capacity below the routed count (dropped
+  // slots), ~8 chunks a dispatch warp on an H100 (its 4-stage ring wraps).
+  for (const char* op : {"token_dispatch", "token_combine"}) {
+    for (int64_t a : {0, 32}) {
+      Case c;
+      c.op = op;
+      c.dtype = DType::f32;
+      c.seed = 47;
+      c.set("T", int64_t{1024}).set("E", int64_t{16}).set("K", int64_t{4}).set("H", int64_t{4100});
+      c.set("ragged", false).set("align_size", a);
+      if (std::string(op) == "token_dispatch") {
+        c.set("num_out_tokens", int64_t{a ? 1024 * 4 : 3800}).set("drop_overflow", a == 0);
+        c.set("probs_dtype", "float32").set("zero_probs", int64_t{6});
+      } else {
+        c.set("num_out_tokens", int64_t{1024 * 4}).set("merging_dtype", "float32");
+      }
+      cases.push_back(c);
+    }
+  }
   for (const char* op : {"argsort_token_dispatch", "argsort_token_combine"}) {
     Case c;
     c.op = op;
