@@ -68,10 +68,14 @@ struct CopyBandwidth {
 CopyBandwidth measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int samples = 25,
                                      Stream s = nullptr);
 
+// The copy kernel of time_copy_of (bulk copies through shared memory, sm_90): `bytes` from src to
+// dst on stream s. bytes and both addresses must be multiples of 16 (else invalid_argument).
+void copy_kernel(void* dst, const void* src, size_t bytes, Stream s = nullptr);
+
 // A copy of an op's size, timed as the op is: `bytes` moved in all (bytes / 2 read, bytes / 2
-// written, rounded up to 16 bytes) over rotation_sets(bytes) buffer pairs, with
-// time_launches_auto (CUDA graph replays), two ways: cudaMemcpyAsync, and a plain 16-byte-vector
-// copy kernel (a graph's memcpy node may go to a copy engine, whose rate differs from a kernel's).
+// written, rounded up to 16 bytes) over rotation_sets(bytes) buffer pairs, two ways:
+// cudaMemcpyAsync launched directly (captured in a CUDA graph it ran 20% slower on an H100), and
+// copy_kernel with time_launches_auto (graph replays).
 // The faster of the two is what a memory-bound kernel of that size can be held to: launch,
 // ramp-up and tail cost it as they cost the op, which the 1 GiB copy above hides. `empty` times
 // a kernel that moves nothing, chained by programmatic dependent launch (one block; the floor of

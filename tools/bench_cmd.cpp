@@ -11,9 +11,10 @@
 //                           copy measured in the same run; a note gives a second byte count
 //                           where the record supplies one (e.g. an issue's formula), and another
 //                           the time of a copy of the row's own bytes, timed the same way
-//                           (gpu::time_copy_of: rotated buffers, graph replays; the faster of
-//                           cudaMemcpy and a copy kernel), the rate a kernel of that size can
-//                           reach once launch, ramp-up and tail are paid, and an empty kernel's
+//                           (gpu::time_copy_of: rotated buffers; the faster of cudaMemcpy
+//                           launched directly and a bulk-copy kernel in graph replays), the
+//                           rate a kernel of that size can reach once launch, ramp-up and tail
+//                           are paid, and an empty kernel's
 //                           time, the floor of any kernel here (JSON "same_size_copy_us",
 //                           "pct_same_size_copy", "same_size_copy_memcpy_us" / "_kernel_us",
 //                           "empty_kernel_us")

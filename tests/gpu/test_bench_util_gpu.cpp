@@ -10,6 +10,11 @@
 #include "harness/ops/registry.h"
 
 #ifdef MOE_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
 #include "gpu/bench_util.cuh"
 #endif
 
@@ -35,6 +40,47 @@ TEST(BenchUtilGpu, SizedCopyTimesEveryWayAndKeepsTheFasterCopy) {
   }
   EXPECT_EQ(c.median_ms, std::min(c.memcpy.median_ms, c.kernel.median_ms));
   EXPECT_LT(c.empty.median_ms, c.median_ms);
+}
+
+// The yardstick's copy kernel copies: every byte of sizes around its 32 KiB chunks (one 16-byte
+// vector, a chunk and a vector, a short last chunk) and one that wraps every CTA's 6-stage ring
+// several times, with the bytes past the end untouched; bad sizes or addresses name bytes.
+TEST(BenchUtilGpu, CopyKernelCopiesEveryByteAndNothingMore) {
+  MOE_SKIP_WITHOUT_GPU();
+  const size_t big = size_t{32 * 1024} * 6 * 400 + 48;
+  for (size_t bytes :
+       {size_t{16}, size_t{32 * 1024}, size_t{32 * 1024 + 16}, size_t{5 * 32 * 1024 - 4080}, big}) {
+    std::vector<uint8_t> src(bytes + 64), got(bytes + 64);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    void *ds = nullptr, *dd = nullptr;
+    ASSERT_EQ(cudaMalloc(&ds, src.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dd, src.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(ds, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dd, 0xA5, src.size()), cudaSuccess);
+    moe::gpu::copy_kernel(dd, ds, bytes);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got.data(), dd, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t wrong = 0, first = bytes;
+    for (size_t i = 0; i < bytes; ++i) {
+      if (got[i] != src[i]) {
+        if (wrong++ == 0) first = i;
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << bytes << " bytes, first wrong at " << first;
+    for (size_t i = bytes; i < got.size(); ++i) ASSERT_EQ(got[i], 0xA5) << bytes << ": byte " << i;
+    cudaFree(ds);
+    cudaFree(dd);
+  }
+  EXPECT_THROW(
+      {
+        try {
+          moe::gpu::copy_kernel(nullptr, nullptr, 24);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("bytes (24)"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
 }
 
 // Bytes round up to whole 16-byte vectors per half; a tiny or zero count still times a copy.
