@@ -482,6 +482,21 @@ M = [
      "      } else {",
      "sm90 wgrad consumer frees the previous stage before waiting for that stage's products (the "
      "held stage's release moved ahead of its wait)"),
+    # ---- gpu/: the bulk-copy dispatch forward (session 32) --------------------------------------
+    ("093", "dispatch_bulk_tail_not_zeroed", "padding", "gpu/dispatch.cu", 1,
+     "const long long nz = pads + max(0LL, rows - aligned);",
+     "const long long nz = pads;",
+     "dispatch forward, bulk-copy kernel (rows of 16-byte vectors): the tail rows past the "
+     "aligned counts are left unwritten"),
+    ("094", "dispatch_bulk_r12_plus_zero_only", "edge-case", "gpu/dispatch.cu", 1,
+     "zero = load_f(probs, pcode, t * E + sl.e) == 0.0f;",
+     "zero = __float_as_uint(load_f(probs, pcode, t * E + sl.e)) == 0u;",
+     "dispatch forward, bulk-copy kernel: only +0 probs write a zero row (R12), -0 copies x"),
+    ("095", "dispatch_bulk_chunk_offset", "offset", "gpu/dispatch.cu", 1,
+     "bulk::copy_s2g(out + sl.row * row_bytes + off,",
+     "bulk::copy_s2g(out + sl.row * row_bytes,",
+     "dispatch forward, bulk-copy kernel: every column chunk of x's row lands at the start of the "
+     "destination row (rows over 16 KiB)"),
 ]
 
 
