@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 
@@ -50,6 +52,135 @@ std::string plugin_flags(const std::vector<std::string>& paths) {
   for (auto& p : paths) s += (s.empty() ? "" : " ") + std::string("--plugin ") + p;
   return s;
 }
+
+// What a case timeout leaves of the --json / --junit reports: the ops done, the cases of the op in
+// progress reported so far (in case order: cases that finished on other workers after the first
+// one still running are left out) and the case whose call did not return, failed. The watchdog
+// runs the hook (ops::set_timeout_hook) while that call still runs, so the run's state is copied
+// here as it grows, under a lock the hook waits for a bounded time only.
+class TimeoutReports {
+ public:
+  TimeoutReports(const Run& run, std::string json, std::string junit)
+      : state_(std::make_shared<State>()) {
+    state_->run.impl = run.impl;  // the run's settings; its ops come through end_op
+    state_->run.ties = run.ties;
+    state_->run.seed = run.seed;
+    state_->run.cases_per_op = run.cases_per_op;
+    state_->run.runs = run.runs;
+    state_->run.case_timeout_s = run.case_timeout_s;
+    state_->json = std::move(json);
+    state_->junit = std::move(junit);
+    if (state_->json.empty() && state_->junit.empty()) return;
+    ops::set_timeout_hook([st = state_](const ops::TimedOutCall& t) { write(*st, t); });
+    hooked_ = true;
+  }
+  ~TimeoutReports() {
+    if (hooked_) ops::set_timeout_hook({});
+  }
+  TimeoutReports(const TimeoutReports&) = delete;
+  TimeoutReports& operator=(const TimeoutReports&) = delete;
+
+  void begin_op(const std::string& op, const std::string& impl) {
+    std::lock_guard<std::timed_mutex> lock(state_->mu);
+    state_->current = OpResult{};
+    state_->current.op = op;
+    state_->current.impl = impl;
+  }
+  void add_case(const CaseResult& r) {
+    if (!hooked_) return;
+    std::lock_guard<std::timed_mutex> lock(state_->mu);
+    state_->current.cases.push_back(report_copy(r));
+  }
+  void end_op(const OpResult& o) {
+    if (!hooked_) return;
+    std::lock_guard<std::timed_mutex> lock(state_->mu);
+    OpResult copy;
+    copy.op = o.op;
+    copy.impl = o.impl;
+    for (const CaseResult& r : o.cases) copy.cases.push_back(report_copy(r));
+    copy.passed = o.passed;
+    copy.failed = o.failed;
+    copy.not_supported = o.not_supported;
+    copy.worst_pct = o.worst_pct;
+    copy.seconds = o.seconds;
+    copy.edge_classes = o.edge_classes;
+    copy.aborted = o.aborted;
+    copy.not_run = o.not_run;
+    state_->run.ops.push_back(std::move(copy));
+    state_->current = OpResult{};
+  }
+
+ private:
+  struct State {
+    std::timed_mutex mu;
+    Run run;
+    OpResult current;
+    std::string json, junit;
+  };
+
+  // What the reports print of a case (its outputs, kept for --save-failures, are not).
+  static CaseResult report_copy(const CaseResult& r) {
+    CaseResult c;
+    c.c = r.c;
+    c.verdict = r.verdict;
+    c.report = r.report;
+    c.notes = r.notes;
+    c.replay = r.replay;
+    c.original = r.original;
+    c.worst_pct = r.worst_pct;
+    c.seconds = r.seconds;
+    c.named = r.named;
+    c.invalid_case = r.invalid_case;
+    c.context_lost = r.context_lost;
+    return c;
+  }
+
+  static void write(State& st, const ops::TimedOutCall& t) {
+    std::unique_lock<std::timed_mutex> lock(st.mu, std::chrono::seconds(5));
+    if (!lock.owns_lock()) {
+      std::fprintf(stderr, "moe-harness: the reports were not written (the run's state is busy)\n");
+      return;
+    }
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", t.timeout_s);
+    Run run;
+    run.impl = st.run.impl;
+    run.ties = st.run.ties;
+    run.seed = st.run.seed;
+    run.cases_per_op = st.run.cases_per_op;
+    run.runs = st.run.runs;
+    run.case_timeout_s = st.run.case_timeout_s;
+    run.ops = std::move(st.run.ops);  // the process ends after this: the state is not needed
+    run.stopped = std::string("case timeout: a call of implementation '") + t.impl + "' ran past " +
+                  secs + " s; the cases after it were not run";
+    OpResult o = std::move(st.current);
+    CaseResult hung;
+    try {
+      hung.c = Case::parse(t.case_line);
+    } catch (const std::exception&) {  // our own line: parses unless the format changed
+      hung.c.op = o.op;
+    }
+    hung.verdict = Verdict::failed;
+    hung.report = std::string("the call did not return within the case timeout (") + secs +
+                  " s); the run stopped here, exit status 1\n";
+    hung.replay = t.replay;
+    hung.seconds = t.timeout_s;
+    o.cases.push_back(std::move(hung));
+    o.passed = o.failed = o.not_supported = 0;
+    for (const CaseResult& r : o.cases) {
+      (r.verdict == Verdict::passed   ? o.passed
+       : r.verdict == Verdict::failed ? o.failed
+                                      : o.not_supported) += 1;
+      o.worst_pct = std::max(o.worst_pct, r.worst_pct);
+      o.seconds += r.seconds;
+    }
+    run.ops.push_back(std::move(o));
+    write_reports(run, st.json, st.junit);
+  }
+
+  std::shared_ptr<State> state_;  // shared with the hook, which may outlive a scope it races
+  bool hooked_ = false;
+};
 
 // Writes the case's inputs and the reference's outputs as a golden file, and the same inputs
 // with the implementation's outputs next to it: `moe-harness golden diff` compares the two.
@@ -259,6 +390,8 @@ void add_check_command(CLI::App& app, int& status) {
     run.cases_per_op = a.cases;
     run.runs = a.runs;
     run.case_timeout_s = a.case_timeout;
+    TimeoutReports on_timeout(run, a.case_timeout > 0 ? a.json : "",
+                              a.case_timeout > 0 ? a.junit : "");
 
     if (!a.case_line.empty()) {
       // One case: validated against its op first, so a typo is a usage error, never a FAIL.
@@ -275,6 +408,7 @@ void add_check_command(CLI::App& app, int& status) {
         if (!rc) return usage("--case: this case does not run at --ep " + std::to_string(a.ep));
         c = *rc;
       }
+      on_timeout.begin_op(c.op, impl_name);
       CaseResult r = check_case(*impl, c, opt);
       if (r.invalid_case) return usage("--case: " + r.report);
       print_case(std::cout, r, true);
@@ -335,7 +469,9 @@ void add_check_command(CLI::App& app, int& status) {
       const auto start = last;
       int done = 0;
       std::set<std::string> edges;
+      on_timeout.begin_op(op->name, impl_name);
       o = check_impl(*impl, opt, [&](const CaseResult& r) {
+        on_timeout.add_case(r);
         ++done;
         for (auto& e : ops::edge_classes(r.c)) edges.insert(e);
         if (a.verbose) print_case(std::cout, r, false);
@@ -363,6 +499,7 @@ void add_check_command(CLI::App& app, int& status) {
           }
         }
       }
+      on_timeout.end_op(o);
       run.ops.push_back(std::move(o));
     }
     print_summary(std::cout, run);

@@ -84,6 +84,7 @@ std::string json_report(const Run& run) {
   j["random_cases_per_op"] = run.cases_per_op;
   j["runs_per_case"] = run.runs;
   j["case_timeout_s"] = run.case_timeout_s;
+  if (!run.stopped.empty()) j["stopped"] = run.stopped;
   j["ops"] = nlohmann::json::array();
   for (auto& o : run.ops) {
     nlohmann::json oj{{"op", o.op},

@@ -16,6 +16,7 @@ struct Run {
   int cases_per_op = 0;
   int runs = 2;               // calls of the implementation per case (--runs)
   double case_timeout_s = 0;  // --case-timeout (0: none)
+  std::string stopped;        // why the run ended early (a case timeout); empty: it ran to the end
   std::vector<OpResult> ops;
 };
 

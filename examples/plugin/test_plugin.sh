@@ -151,12 +151,22 @@ faulty)
   eval "\"\$bin\" $replay" >"$tmp/replay" 2>&1; st=$?
   [ "$st" -eq 1 ] && grep -q "ran past the case timeout" "$tmp/replay" ||
     fail "hang: the replay exited $st: $(cat "$tmp/replay")"
+  # The reports a hang leaves: the cases before it, and the hung one failed with its replay.
+  expect_status 1 "$bin" check $args --case-timeout 1 --json "$tmp/hang.json" --junit "$tmp/hang.xml"
+  grep -q '"stopped": "case timeout' "$tmp/hang.json" || fail "hang: the JSON report does not say the run stopped"
+  grep -q '"verdict": "passed"' "$tmp/hang.json" || fail "hang: the JSON report lacks the cases before the hang"
+  grep -q 'did not return within the case timeout (1 s)' "$tmp/hang.json" ||
+    fail "hang: the JSON report lacks the hung case"
+  grep -q '<failure message="the call did not return within the case timeout (1 s)' "$tmp/hang.xml" ||
+    fail "hang: the JUnit report lacks the hung case"
+  grep -q -- "--case-timeout 1 --case" "$tmp/hang.xml" || fail "hang: the JUnit failure lacks the replay"
   unset MOE_EXAMPLE_FAULT
   for v in -1 x 86401; do
     expect_status 2 "$bin" check $args --case-timeout $v
     grep -q -- "--case-timeout" "$tmp/out" || fail "--case-timeout $v: not named: $(cat "$tmp/out")"
   done
-  echo "faulty: a crash and a hang named with replay lines that reproduce them; bad values exit 2"
+  echo "faulty: a crash and a hang named with replay lines that reproduce them, a hang's reports" \
+    "written; bad values exit 2"
   ;;
 cuda_passes | cuda_buggy)
   "$bin" list | grep -q "no GPU here" && { echo "SKIPPED: no GPU"; exit 77; }

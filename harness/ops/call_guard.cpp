@@ -98,6 +98,11 @@ void install_handlers() {
   }
 }
 
+std::mutex g_hook_mu;
+std::function<void(const TimedOutCall&)>* g_hook = nullptr;  // never freed: read at exit
+
+}  // namespace
+
 // One thread that ends the process when a watched call outlives its deadline. Never destroyed:
 // it may still wait while static destructors run at exit.
 struct Watchdog {
@@ -105,7 +110,7 @@ struct Watchdog {
   std::condition_variable cv;
   struct Call {
     Clock::time_point deadline;
-    const std::string* message;
+    const CaseScope* scope;  // alive while the call is in `calls` (~CallGuard erases it first)
   };
   std::map<unsigned long long, Call> calls;
   unsigned long long next_id = 1;
@@ -133,11 +138,23 @@ struct Watchdog {
           funlockfile(f);
         }
       }
-      write_all(due.message->data(), due.message->size());
+      write_all(due.scope->timeout_.data(), due.scope->timeout_.size());
+      // `mu` stays held: the scope cannot go away, and no other call's guard starts or ends.
+      std::function<void(const TimedOutCall&)> hook;
+      {
+        std::lock_guard<std::mutex> h(g_hook_mu);
+        if (g_hook) hook = *g_hook;
+      }
+      if (hook) {
+        hook(TimedOutCall{due.scope->impl_, due.scope->case_line_, due.scope->replay_,
+                          due.scope->timeout_s_});
+      }
       std::_Exit(1);
     }
   }
 };
+
+namespace {
 
 Watchdog& watchdog() {
   static Watchdog* w = [] {
@@ -160,9 +177,18 @@ void set_message_fd(int fd) {
   g_fd.store(fd < 0 ? STDERR_FILENO : fd);
 }
 
+void set_timeout_hook(std::function<void(const TimedOutCall&)> hook) {
+  std::lock_guard<std::mutex> lock(g_hook_mu);
+  if (!g_hook) g_hook = new std::function<void(const TimedOutCall&)>;
+  *g_hook = std::move(hook);
+}
+
 CaseScope::CaseScope(const std::string& impl, const std::string& case_line,
                      const std::string& replay, double timeout_s)
-    : crash_(" in a call of implementation '" + impl +
+    : impl_(impl),
+      case_line_(case_line),
+      replay_(replay),
+      crash_(" in a call of implementation '" + impl +
              "' for this case; the process dies of it.\n  case: " + case_line + "\nReplay:\n  " +
              replay + "\n"),
       timeout_("\nmoe-harness: a call of implementation '" + impl +
@@ -190,7 +216,7 @@ CallGuard::CallGuard() : outer_crash_(t_crash) {
                                              std::chrono::duration<double>(c->timeout_s_));
     std::lock_guard<std::mutex> lock(w.mu);
     watch_id_ = w.next_id++;
-    w.calls.emplace(watch_id_, Watchdog::Call{deadline, &c->timeout_});
+    w.calls.emplace(watch_id_, Watchdog::Call{deadline, c});
     w.cv.notify_one();
   }
 }

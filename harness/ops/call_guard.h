@@ -10,6 +10,7 @@
 // Only calls into the implementation are guarded: the reference and the comparison are ours.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace moe::ops {
@@ -25,10 +26,12 @@ class CaseScope {
   CaseScope& operator=(const CaseScope&) = delete;
 
  private:
+  std::string impl_, case_line_, replay_;
   std::string crash_, timeout_;
   double timeout_s_;
   const CaseScope* outer_;
   friend class CallGuard;
+  friend struct Watchdog;
 };
 
 // Around one call into an implementation (ops::invoke). Without a CaseScope on this thread
@@ -49,6 +52,18 @@ class CallGuard {
 // terminal's stderr taken before pytest's capture replaces descriptor 2, as pytest's own
 // faulthandler does, so the message is not lost with the captured output when the process ends.
 void set_message_fd(int fd);
+
+// A call past its case timeout, as the timeout hook sees it.
+struct TimedOutCall {
+  std::string impl, case_line, replay;
+  double timeout_s = 0;
+};
+
+// Runs on the watchdog's thread once a call is past its timeout, after the message and before the
+// process ends with status 1: `check` writes its --json / --junit reports there
+// (tools/check_cmd.cpp). The hung call's thread still runs, and other calls may too: the hook
+// must not wait for them without a bound. One hook a process; an empty function removes it.
+void set_timeout_hook(std::function<void(const TimedOutCall&)> hook);
 
 // The seconds CheckOptions::case_timeout_s may hold: 0 (none) or up to a day.
 constexpr double kMaxCaseTimeout = 86400;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -269,6 +270,18 @@ TEST(ImplJudge, ACrashOrAHangInACallNamesTheCase) {
   EXPECT_EXIT(check_case(hangs, c, opt), ::testing::ExitedWithCode(1),
               "a call of implementation 'hangs' ran past the case timeout \\(0.2 s\\) for this "
               "case.*Replay:\n  moe-harness check --impl hangs --case 'op=topk_router");
+  // The timeout hook (check's --json / --junit writers) runs after the message, with the case.
+  EXPECT_EXIT(
+      {
+        ops::set_timeout_hook([](const ops::TimedOutCall& t) {
+          std::fprintf(stderr, "hook: %s, %g s, %s | %s\n", t.impl.c_str(), t.timeout_s,
+                       t.case_line.c_str(), t.replay.c_str());
+        });
+        check_case(hangs, c, opt);
+      },
+      ::testing::ExitedWithCode(1),
+      "ran past the case timeout.*\nhook: hangs, 0.2 s, op=topk_router [^|]*\\| moe-harness check "
+      "--impl hangs --case 'op=topk_router");
   // Calls inside the limit, and the guard gone once check_case returns.
   const Impl quick = reference_copy("quick");
   EXPECT_EQ(check_case(quick, c, opt).verdict, Verdict::passed);
