@@ -53,14 +53,18 @@ std::string plugin_flags(const std::vector<std::string>& paths) {
   return s;
 }
 
-// What a case timeout leaves of the --json / --junit reports: the ops done, the cases of the op in
-// progress reported so far (in case order: cases that finished on other workers after the first
-// one still running are left out) and the case whose call did not return, failed. The watchdog
-// runs the hook (ops::set_timeout_hook) while that call still runs, so the run's state is copied
-// here as it grows, under a lock the hook waits for a bounded time only.
-class TimeoutReports {
+// The --json / --junit reports of a run that does not end normally.
+//   - A case timeout: the watchdog runs a hook (ops::set_timeout_hook) before the process ends, and
+//     it writes the ops done, the cases of the op in progress reported so far (in case order:
+//     cases that finished on other workers after the first one still running are left out) and
+//     the case whose call did not return, failed. That call still runs, so the run's state is
+//     copied here as it grows, under a lock the hook waits for a bounded time only.
+//   - A crash (or a kill): nothing can be written then, so each op's start writes the reports
+//     as they stand with that op marked interrupted (JSON "interrupted", a failed JUnit test
+//     case). The run's normal end overwrites them; a usage error removes them.
+class LiveReports {
  public:
-  TimeoutReports(const Run& run, std::string json, std::string junit)
+  LiveReports(const Run& run, std::string json, std::string junit, bool hook_timeouts)
       : state_(std::make_shared<State>()) {
     state_->run.impl = run.impl;  // the run's settings; its ops come through end_op
     state_->run.ties = run.ties;
@@ -70,29 +74,49 @@ class TimeoutReports {
     state_->run.case_timeout_s = run.case_timeout_s;
     state_->json = std::move(json);
     state_->junit = std::move(junit);
-    if (state_->json.empty() && state_->junit.empty()) return;
+    active_ = !state_->json.empty() || !state_->junit.empty();
+    if (!active_ || !hook_timeouts) return;
     ops::set_timeout_hook([st = state_](const ops::TimedOutCall& t) { write(*st, t); });
     hooked_ = true;
   }
-  ~TimeoutReports() {
+  ~LiveReports() {
     if (hooked_) ops::set_timeout_hook({});
+    if (checkpointed_ && !finished_) {
+      std::lock_guard<std::timed_mutex> lock(state_->mu);
+      std::error_code ec;  // a report this run wrote and did not finish: no report, as before
+      if (!state_->json.empty()) std::filesystem::remove(state_->json, ec);
+      if (!state_->junit.empty()) std::filesystem::remove(state_->junit, ec);
+    }
   }
-  TimeoutReports(const TimeoutReports&) = delete;
-  TimeoutReports& operator=(const TimeoutReports&) = delete;
+  LiveReports(const LiveReports&) = delete;
+  LiveReports& operator=(const LiveReports&) = delete;
+
+  // The run wrote its own reports: they stay.
+  void finished() { finished_ = true; }
 
   void begin_op(const std::string& op, const std::string& impl) {
+    if (!active_) return;
     std::lock_guard<std::timed_mutex> lock(state_->mu);
     state_->current = OpResult{};
     state_->current.op = op;
     state_->current.impl = impl;
+    state_->run.interrupted_op = op;
+    state_->run.interrupted =
+        "the process ended while this op ran (a crash or a kill): its cases "
+        "are not in this report; stderr names a crash's case and its replay "
+        "line";
+    write_reports(state_->run, state_->json, state_->junit);
+    state_->run.interrupted_op.clear();
+    state_->run.interrupted.clear();
+    checkpointed_ = true;
   }
   void add_case(const CaseResult& r) {
-    if (!hooked_) return;
+    if (!active_) return;
     std::lock_guard<std::timed_mutex> lock(state_->mu);
     state_->current.cases.push_back(report_copy(r));
   }
   void end_op(const OpResult& o) {
-    if (!hooked_) return;
+    if (!active_) return;
     std::lock_guard<std::timed_mutex> lock(state_->mu);
     OpResult copy;
     copy.op = o.op;
@@ -179,7 +203,7 @@ class TimeoutReports {
   }
 
   std::shared_ptr<State> state_;  // shared with the hook, which may outlive a scope it races
-  bool hooked_ = false;
+  bool active_ = false, hooked_ = false, checkpointed_ = false, finished_ = false;
 };
 
 // Writes the case's inputs and the reference's outputs as a golden file, and the same inputs
@@ -390,8 +414,7 @@ void add_check_command(CLI::App& app, int& status) {
     run.cases_per_op = a.cases;
     run.runs = a.runs;
     run.case_timeout_s = a.case_timeout;
-    TimeoutReports on_timeout(run, a.case_timeout > 0 ? a.json : "",
-                              a.case_timeout > 0 ? a.junit : "");
+    LiveReports live(run, a.json, a.junit, a.case_timeout > 0);
 
     if (!a.case_line.empty()) {
       // One case: validated against its op first, so a typo is a usage error, never a FAIL.
@@ -408,7 +431,7 @@ void add_check_command(CLI::App& app, int& status) {
         if (!rc) return usage("--case: this case does not run at --ep " + std::to_string(a.ep));
         c = *rc;
       }
-      on_timeout.begin_op(c.op, impl_name);
+      live.begin_op(c.op, impl_name);
       CaseResult r = check_case(*impl, c, opt);
       if (r.invalid_case) return usage("--case: " + r.report);
       print_case(std::cout, r, true);
@@ -425,6 +448,7 @@ void add_check_command(CLI::App& app, int& status) {
       o.cases.push_back(std::move(r));
       run.ops.push_back(std::move(o));
       status = write_reports(run, a.json, a.junit) ? (run.ops[0].failed ? 1 : 0) : 2;
+      live.finished();
       return;
     }
 
@@ -469,9 +493,9 @@ void add_check_command(CLI::App& app, int& status) {
       const auto start = last;
       int done = 0;
       std::set<std::string> edges;
-      on_timeout.begin_op(op->name, impl_name);
+      live.begin_op(op->name, impl_name);
       o = check_impl(*impl, opt, [&](const CaseResult& r) {
-        on_timeout.add_case(r);
+        live.add_case(r);
         ++done;
         for (auto& e : ops::edge_classes(r.c)) edges.insert(e);
         if (a.verbose) print_case(std::cout, r, false);
@@ -499,7 +523,7 @@ void add_check_command(CLI::App& app, int& status) {
           }
         }
       }
-      on_timeout.end_op(o);
+      live.end_op(o);
       run.ops.push_back(std::move(o));
     }
     print_summary(std::cout, run);
@@ -525,6 +549,7 @@ void add_check_command(CLI::App& app, int& status) {
       any_failed = failed_ranks > 0;
     }
 #endif
+    live.finished();
     if (!write_reports(run, a.json, a.junit)) {
       status = 2;
       return;

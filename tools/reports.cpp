@@ -85,6 +85,8 @@ std::string json_report(const Run& run) {
   j["runs_per_case"] = run.runs;
   j["case_timeout_s"] = run.case_timeout_s;
   if (!run.stopped.empty()) j["stopped"] = run.stopped;
+  if (!run.interrupted_op.empty())
+    j["interrupted"] = {{"op", run.interrupted_op}, {"message", run.interrupted}};
   j["ops"] = nlohmann::json::array();
   for (auto& o : run.ops) {
     nlohmann::json oj{{"op", o.op},
@@ -129,6 +131,10 @@ std::string junit_report(const Run& run) {
     skipped += o.not_supported;
     seconds += o.seconds;
   }
+  if (!run.interrupted_op.empty()) {
+    ++tests;
+    ++failures;
+  }
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   x << "<testsuites name=\"moe-harness check --impl " << xml_escape(run.impl) << "\" tests=\""
     << tests << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\" time=\""
@@ -159,6 +165,15 @@ std::string junit_report(const Run& run) {
       x << "    </testcase>\n";
     }
     x << "  </testsuite>\n";
+  }
+  if (!run.interrupted_op.empty()) {
+    x << "  <testsuite name=\"" << xml_escape(run.interrupted_op + " (" + run.impl + ")")
+      << "\" tests=\"1\" failures=\"1\" skipped=\"0\" time=\"0.000\">\n";
+    x << "    <testcase classname=\"" << xml_escape(run.interrupted_op)
+      << "\" name=\"(the process ended during this op)\" time=\"0.000\">\n";
+    x << "      <failure message=\"" << xml_escape(run.interrupted) << "\">"
+      << xml_escape(run.interrupted) << "</failure>\n";
+    x << "    </testcase>\n  </testsuite>\n";
   }
   x << "</testsuites>\n";
   return x.str();

@@ -17,6 +17,9 @@ struct Run {
   int runs = 2;               // calls of the implementation per case (--runs)
   double case_timeout_s = 0;  // --case-timeout (0: none)
   std::string stopped;        // why the run ended early (a case timeout); empty: it ran to the end
+  // Set in the reports written as an op starts (tools/check_cmd.cpp, LiveReports): the op, and
+  // what it means if the report is still there (the process ended during the op).
+  std::string interrupted_op, interrupted;
   std::vector<OpResult> ops;
 };
 

@@ -95,6 +95,9 @@ reports)
   fi
   grep -q '<failure message=' "$tmp/r.xml" || fail "junit: no failure"
   grep -q 'replay: moe-harness check --impl example' "$tmp/r.xml" || fail "junit: no replay"
+  ! grep -q '"interrupted"' "$tmp/r.json" || fail "json: a finished run still says interrupted"
+  ! grep -q 'the process ended during this op' "$tmp/r.xml" ||
+    fail "junit: a finished run still says interrupted"
   ref=$(ls "$tmp"/saved/*.safetensors | grep -v '\.example\.safetensors$' | head -n 1)
   mine=$(echo "$ref" | sed 's/\.safetensors$/.example.safetensors/')
   [ -f "$ref" ] && [ -f "$mine" ] || fail "save-failures: no pair of files in $tmp/saved"
@@ -138,6 +141,12 @@ faulty)
   eval "\"\$bin\" $replay" >"$tmp/replay" 2>&1; st=$?
   [ "$st" -gt 128 ] && grep -q "SIGSEGV in a call" "$tmp/replay" ||
     fail "crash: the replay exited $st: $(cat "$tmp/replay")"
+  # The reports a crash leaves: written as the op started, with the op marked interrupted.
+  "$bin" check $args --json "$tmp/crash.json" --junit "$tmp/crash.xml" >"$tmp/out" 2>&1
+  grep -q '"interrupted"' "$tmp/crash.json" && grep -q '"op": "sort_chunks_by_index"' "$tmp/crash.json" ||
+    fail "crash: the JSON report does not mark the op interrupted: $(cat "$tmp/crash.json")"
+  grep -q '<failure message="the process ended while this op ran' "$tmp/crash.xml" ||
+    fail "crash: the JUnit report has no failure for the interrupted op"
   export MOE_EXAMPLE_FAULT=hang
   t0=$(date +%s)
   expect_status 1 "$bin" check $args --case-timeout 1
@@ -165,8 +174,8 @@ faulty)
     expect_status 2 "$bin" check $args --case-timeout $v
     grep -q -- "--case-timeout" "$tmp/out" || fail "--case-timeout $v: not named: $(cat "$tmp/out")"
   done
-  echo "faulty: a crash and a hang named with replay lines that reproduce them, a hang's reports" \
-    "written; bad values exit 2"
+  echo "faulty: a crash and a hang named with replay lines that reproduce them, the reports each" \
+    "leaves; bad values exit 2"
   ;;
 cuda_passes | cuda_buggy)
   "$bin" list | grep -q "no GPU here" && { echo "SKIPPED: no GPU"; exit 77; }
