@@ -7,6 +7,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -427,6 +428,15 @@ struct BenchBlas {
     MOE_BENCH_BLAS(cublasGemmEx(h, ta, tb, m, n, k, &alpha, a, t, lda, b, t, ldb, &beta, c, t, ldc,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+  // The same, `batch` times, operand i at a + i * sa (and so on), beta given.
+  void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
+                    int lda, long long sa, const void* b, int ldb, long long sb, float beta,
+                    void* c, int ldc, long long sc, int batch, cudaDataType_t t) const {
+    const float alpha = 1.0f;
+    MOE_BENCH_BLAS(cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, a, t, lda, sa, b, t, ldb,
+                                              sb, &beta, c, t, ldc, sc, batch, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+  }
 };
 
 }  // namespace
@@ -467,6 +477,117 @@ DenseGemmTiming time_dense_gemm(DType d, int64_t m, int64_t k, int64_t n, bool w
     r.fwd_bwd_tflops = 3.0 * flops / (r.fwd_bwd.median_ms * 1e-3) / 1e12;
   }
   MOE_CUDA_CHECK(cudaStreamSynchronize(st));
+  return r;
+}
+
+struct BatchedGemms::Blas {
+  BenchBlas blas;
+  explicit Blas(cudaStream_t s) : blas(s) {}
+};
+
+BatchedGemms::BatchedGemms(DType d, std::vector<BatchedProduct> products, bool with_bwd)
+    : d_(d), products_(std::move(products)) {
+  if (products_.empty()) throw std::invalid_argument("batched GEMM: no products");
+  blas_type(d);
+  for (size_t p = 0; p < products_.size(); ++p) {
+    const BatchedProduct& q = products_[p];
+    for (const auto& [v, f] : {std::pair{q.batch, "batch"}, std::pair{q.m, "m"},
+                               std::pair{q.k, "k"}, std::pair{q.n, "n"}}) {
+      if (v < 1 || v > INT_MAX) {
+        throw std::invalid_argument("batched GEMM: product " + std::to_string(p) + " " + f + " = " +
+                                    std::to_string(v) + " outside [1, INT_MAX]");
+      }
+    }
+    if (q.a_from < -1 || q.a_from >= static_cast<int>(p)) {
+      throw std::invalid_argument("batched GEMM: product " + std::to_string(p) + " a_from = " +
+                                  std::to_string(q.a_from) + " is not an earlier product");
+    }
+    if (q.a_from >= 0) {
+      const BatchedProduct& o = products_[static_cast<size_t>(q.a_from)];
+      if (o.batch != q.batch || o.m != q.m || o.k != q.k || o.a_from != -1) {
+        throw std::invalid_argument("batched GEMM: product " + std::to_string(p) +
+                                    " shares a with a product of another batch, m or k");
+      }
+    }
+  }
+  uint64_t seed = 0xBA7C4ED;
+  const auto filled = [&](const Shape& s) {
+    DeviceTensor t(d, s);
+    gemm_detail::fill_hash_uniform(t, seed++, -1.0, 1.0, bench_stream());
+    return t;
+  };
+  bufs_.resize(products_.size());
+  for (size_t p = 0; p < products_.size(); ++p) {
+    const BatchedProduct& q = products_[p];
+    Bufs& B = bufs_[p];
+    if (q.a_from < 0) B.a = filled({q.batch * q.m, q.k});
+    B.b = filled({q.batch, q.k, q.n});
+    B.c = DeviceTensor(d, {q.batch * q.m, q.n});
+    if (with_bwd) {
+      B.g = filled({q.batch * q.m, q.n});
+      if (q.a_from < 0) B.da = DeviceTensor(d, {q.batch * q.m, q.k});
+      B.db = DeviceTensor(d, {q.batch, q.k, q.n});
+    }
+    fwd_flops_ += 2.0 * static_cast<double>(q.batch) * static_cast<double>(q.m) *
+                  static_cast<double>(q.k) * static_cast<double>(q.n);
+  }
+  blas_ = std::make_unique<Blas>(reinterpret_cast<cudaStream_t>(bench_stream()));
+}
+
+BatchedGemms::~BatchedGemms() = default;
+
+size_t BatchedGemms::owner(size_t p) const {
+  const int f = products_.at(p).a_from;
+  return f < 0 ? p : static_cast<size_t>(f);
+}
+
+// Row-major c = a . b per batch is column-major c^T[n,m] = b^T[n,k] . a^T[k,m] (as above).
+void BatchedGemms::fwd() {
+  const cudaDataType_t t = blas_type(d_);
+  for (size_t p = 0; p < products_.size(); ++p) {
+    const BatchedProduct& q = products_[p];
+    const int M = static_cast<int>(q.m), K = static_cast<int>(q.k), N = static_cast<int>(q.n);
+    blas_->blas.gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, bufs_[p].b.data(), N, q.k * q.n,
+                             a(p).data(), K, q.m * q.k, 0.0f, bufs_[p].c.data(), N, q.m * q.n,
+                             static_cast<int>(q.batch), t);
+  }
+}
+
+void BatchedGemms::bwd() {
+  if (bufs_.front().db.numel() == 0) throw std::logic_error("BatchedGemms: made without bwd");
+  const cudaDataType_t t = blas_type(d_);
+  for (size_t p = 0; p < products_.size(); ++p) {
+    const BatchedProduct& q = products_[p];
+    const int M = static_cast<int>(q.m), K = static_cast<int>(q.k), N = static_cast<int>(q.n),
+              G = static_cast<int>(q.batch);
+    Bufs& B = bufs_[p];
+    // dgrad da[m,k] = g . b^T (column-major da^T[k,m] = b[k,n] op T . g^T[n,m]); a product that
+    // shares a adds its dgrad into the first one's da (issued after it: a_from < p).
+    const bool shared = q.a_from >= 0;
+    blas_->blas.gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, K, M, N, B.b.data(), N, q.k * q.n,
+                             B.g.data(), N, q.m * q.n, shared ? 1.0f : 0.0f,
+                             bufs_[owner(p)].da.data(), K, q.m * q.k, G, t);
+    // wgrad db[k,n] = a^T . g (column-major db^T[n,k] = g^T[n,m] . a[m,k] op T).
+    blas_->blas.gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, N, K, M, B.g.data(), N, q.m * q.n,
+                             a(p).data(), K, q.m * q.k, 0.0f, B.db.data(), N, q.k * q.n, G, t);
+  }
+}
+
+BatchedGemmTiming time_batched_gemms(DType d, const std::vector<BatchedProduct>& products,
+                                     bool with_bwd, int samples) {
+  BatchedGemms g(d, products, with_bwd);
+  BatchedGemmTiming r;
+  r.fwd_flops = g.fwd_flops();
+  r.fwd = time_launches_auto([&](int) { g.fwd(); }, samples);
+  if (with_bwd) {
+    r.fwd_bwd = time_launches_auto(
+        [&](int) {
+          g.fwd();
+          g.bwd();
+        },
+        samples);
+  }
+  device_synchronize();
   return r;
 }
 

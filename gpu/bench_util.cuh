@@ -20,7 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/runtime.cuh"
 
@@ -100,6 +102,58 @@ struct DenseGemmTiming {
 };
 DenseGemmTiming time_dense_gemm(DType d, int64_t m, int64_t k, int64_t n, bool with_bwd,
                                 int samples = 25);
+
+// The vendor's time for the products of a uniform grouped GEMM (every group the same rows): each
+// product is one cublasGemmStridedBatchedEx over `batch` row-major pairs a[m,k] . b[k,n] -> c[m,n]
+// (the settings above), batches contiguous: the layout of grouped_gemm's x [batch * m, k], w
+// [batch, k, n] and out when each group holds m rows. a_from >= 0 makes a product read product
+// a_from's a (the FFN's two input products read one x; their dgrads then sum into one da, the
+// later with beta = 1).
+//   fwd  every product's c                                                 2 batch m k n FLOPs each
+//   bwd  each product's dgrad da = g . b^T and wgrad db = a^T . g (g: a seeded cotangent of c)
+// Operands seeded uniform in [-1, 1] on bench_stream(), where fwd and bwd also run; bad shapes
+// throw invalid_argument naming the product and field.
+struct BatchedProduct {
+  int64_t batch = 0, m = 0, k = 0, n = 0;
+  int a_from = -1;
+};
+class BatchedGemms {
+ public:
+  BatchedGemms(DType d, std::vector<BatchedProduct> products, bool with_bwd);
+  ~BatchedGemms();
+  BatchedGemms(const BatchedGemms&) = delete;
+  BatchedGemms& operator=(const BatchedGemms&) = delete;
+  void fwd();
+  void bwd();  // logic_error unless made with_bwd
+  double fwd_flops() const { return fwd_flops_; }
+  // Product p's operands and results (a, da: its owner's where it shares them).
+  const DeviceTensor& a(size_t p) const { return bufs_.at(owner(p)).a; }
+  const DeviceTensor& b(size_t p) const { return bufs_.at(p).b; }
+  const DeviceTensor& c(size_t p) const { return bufs_.at(p).c; }
+  const DeviceTensor& g(size_t p) const { return bufs_.at(p).g; }
+  const DeviceTensor& da(size_t p) const { return bufs_.at(owner(p)).da; }
+  const DeviceTensor& db(size_t p) const { return bufs_.at(p).db; }
+
+ private:
+  struct Bufs {
+    DeviceTensor a, b, c, g, da, db;  // a and da empty where the product shares its owner's
+  };
+  struct Blas;
+  size_t owner(size_t p) const;
+  DType d_;
+  std::vector<BatchedProduct> products_;
+  std::vector<Bufs> bufs_;
+  std::unique_ptr<Blas> blas_;
+  double fwd_flops_ = 0;
+};
+// time_launches_auto of fwd, and of fwd then bwd; the buffers are freed before it returns. With
+// one product of batch 1 it times what time_dense_gemm does.
+struct BatchedGemmTiming {
+  TimingStats fwd, fwd_bwd;  // fwd_bwd.samples == 0 when not measured
+  double fwd_flops = 0;      // sum of 2 batch m k n
+};
+BatchedGemmTiming time_batched_gemms(DType d, const std::vector<BatchedProduct>& products,
+                                     bool with_bwd, int samples = 25);
 
 // How many input/output sets of `bytes_per_set` to rotate among so their total is at least three
 // times the L2 cache, capped at max_sets and at a quarter of the free device memory.

@@ -5,6 +5,11 @@ issue's PyTorch reference numbers measured on the same device in the same sessio
 
 Group sizes follow harness/ops/perm_family.cpp's regimes: uniform (each row picks a group
 uniformly) and skewed (weight 1/(g+1)^2). Needs torch with CUDA; prints one line per case.
+
+Beside each uniform case, torch.bmm (cuBLAS strided-batched) on the same rows in equal groups
+(`bench`'s batched yardstick): forward x[G, m, K] . w[G, K, N], dgrad g . w^T, wgrad x^T . g, in
+our layout. `--profile` runs each of those three once between cudaProfilerStart and Stop, for
+`ncu --profile-from-start off` to name cuBLAS's kernels and their tiles.
 """
 import sys
 
@@ -41,10 +46,39 @@ def time_ms(fn, reps=10, warm=3):
     return ts[len(ts) // 2]
 
 
+def bmm_rows(name, rows, K, N, G, dev, profile):
+    """torch.bmm forward, dgrad and wgrad on G equal groups of rows / G rows."""
+    m = rows // G
+    x = torch.randn(G, m, K, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(G, K, N, device=dev, dtype=torch.bfloat16) * 0.02
+    g = torch.randn(G, m, N, device=dev, dtype=torch.bfloat16)
+    ops = {
+        "fwd": lambda: torch.bmm(x, w),
+        "dgrad": lambda: torch.bmm(g, w.transpose(1, 2)),
+        "wgrad": lambda: torch.bmm(x.transpose(1, 2), g),
+    }
+    if profile:
+        for f in ops.values():
+            f()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        for f in ops.values():
+            f()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+    ts = {k: time_ms(f) for k, f in ops.items()}
+    flops = 2.0 * rows * K * N
+    print(f"{name}_uniform: bmm of {G} x [{m} x {K}] . [{K} x {N}]: " +
+          ", ".join(f"{k} {v:.3f} ms {flops / v / 1e9:.0f} TFLOP/s" for k, v in ts.items()) +
+          f", fwd+dgrad+wgrad {sum(ts.values()):.3f} ms")
+    del x, w, g
+
+
 def main():
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
+    profile = "--profile" in sys.argv[1:]
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     gen = torch.Generator().manual_seed(20261122)
     dev = "cuda"
@@ -56,6 +90,9 @@ def main():
         dense_a = torch.randn(rows, K, device=dev, dtype=torch.bfloat16)
         dense_b = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
         dense = flops / time_ms(lambda: torch.mm(dense_a, dense_b)) / 1e9
+        bmm_rows(name, rows, K, N, G, dev, profile)
+        if profile:
+            continue
         for regime in ("uniform", "skewed"):
             s = sizes(rows, G, regime, gen)
             offs = torch.cumsum(s, 0).to(device=dev, dtype=torch.int32)

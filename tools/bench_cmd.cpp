@@ -20,6 +20,11 @@
 //                           "empty_kernel_us")
 //   GEMM-like (dense_m/k/n) fwd, fwd+bwd rows: TFLOP/s from cost flops, % of one dense cuBLAS
 //                           GEMM of equal FLOPs timed in the same run (fwd; fwd + dgrad + wgrad)
+//                           a uniform case (OpInfo::Bench::batched) also cuBLAS strided-batched
+//                           on its products with the groups evened out (same FLOPs and bytes),
+//                           the vendor's time for that work (a line under the rows; JSON
+//                           "batched": products, median_us, time_ratio = the row's time /
+//                           cuBLAS's, < 1 faster)
 //   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops); a dense
 //                           shape it carries (the block: its FFN's equal-FLOP GEMM) is timed
 //                           only for the roofline's rate
@@ -145,6 +150,10 @@ struct Result {
   double flops = 0, tflops = 0;
   double dense_us = 0, dense_tflops = 0, pct_dense = 0;  // GEMM-like rows (rate: token-level)
   int64_t dense_m = 0, dense_k = 0, dense_n = 0;
+  // Uniform GEMM-like rows: cuBLAS strided-batched on the same products (OpInfo::Bench::batched),
+  // its time in the row's direction and the row's time over it (< 1: faster than cuBLAS).
+  double batched_us = 0, batched_ratio = 0;
+  std::string batched_shapes;
   double tokens = 0, tokens_per_s = 0;  // token-level rows
   // Roofline (GEMM-like and token-level rows with a dense rate; 0 = none, printed "-").
   double roof_us = 0, pct_roof = 0;
@@ -263,6 +272,11 @@ nlohmann::json to_json(const Result& r) {
                   {"tflops", r.dense_tflops}};
   }
   if (r.kind == "gemm") j["pct_dense"] = r.pct_dense;
+  if (r.batched_us > 0) {
+    j["batched"] = {{"products", r.batched_shapes},
+                    {"median_us", r.batched_us},
+                    {"time_ratio", r.batched_ratio}};
+  }
   if (r.kind != "memory") {
     j["roof_us"] = r.roof_us > 0 ? nlohmann::json(r.roof_us) : nlohmann::json(nullptr);
     j["pct_roof"] = r.roof_us > 0 ? nlohmann::json(r.pct_roof) : nlohmann::json(nullptr);
@@ -291,6 +305,53 @@ void set_timing(Result& r, const gpu::TimingStats& t, int sets) {
   r.per_sample = t.per_sample;
   r.sets = sets;
   r.graph = t.graph;
+}
+
+// The vendor's yardstick of a uniform GEMM-like case: cuBLAS strided-batched on its products
+// (gpu::time_batched_gemms), each row's time against it. A failure (e.g. out of memory beside
+// the rows' buffers) is a note: the rows stand without it.
+void time_batched(DType d, const std::vector<ops::OpInfo::Bench::BatchedProduct>& products,
+                  bool with_bwd, int samples, std::vector<Result>& rows) {
+  std::vector<gpu::BatchedProduct> ps;
+  std::string shapes;
+  for (const auto& p : products) {
+    ps.push_back({p.batch, p.m, p.k, p.n, p.a_from});
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%s%lld x [%lld x %lld] . [%lld x %lld]",
+                  shapes.empty() ? "" : " + ", static_cast<long long>(p.batch),
+                  static_cast<long long>(p.m), static_cast<long long>(p.k),
+                  static_cast<long long>(p.k), static_cast<long long>(p.n));
+    shapes += buf;
+  }
+  gpu::BatchedGemmTiming t;
+  try {
+    t = gpu::time_batched_gemms(d, ps, with_bwd, samples);
+  } catch (const std::exception& e) {
+    std::printf("  note: cuBLAS strided-batched on the same products could not be timed: %s\n",
+                e.what());
+    return;
+  }
+  gpu::device_synchronize();
+  for (Result& r : rows) {
+    const gpu::TimingStats& bt = r.dir == "fwd" ? t.fwd : t.fwd_bwd;
+    if (bt.samples == 0 || !(r.median_us > 0)) continue;
+    r.batched_us = bt.median_ms * 1e3;
+    r.batched_ratio = r.median_us / r.batched_us;
+    r.batched_shapes = shapes;
+  }
+}
+
+void print_batched(const std::vector<Result>& rows) {
+  if (rows.empty() || !(rows.front().batched_us > 0)) return;
+  std::printf("  cuBLAS strided-batched, the same products in equal groups (%s):",
+              rows.front().batched_shapes.c_str());
+  for (const Result& r : rows) {
+    if (r.batched_us > 0) {
+      std::printf(" %s %.1f us (this row %.3fx its time);",
+                  r.dir == "fwd" ? "fwd" : "fwd+dgrad+wgrad", r.batched_us, r.batched_ratio);
+    }
+  }
+  std::printf("\n");
 }
 
 // Runs one case: verify, build the benchmark, time its rows, free it, time the dense baseline.
@@ -382,6 +443,7 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
     r.dense_n = hint.dense_n;
     rows.push_back(std::move(r));
   }
+  const std::vector<ops::OpInfo::Bench::BatchedProduct> batched = hint.batched;
   benches.clear();  // free this case's buffers before the dense baseline and the next case
   gpu::device_synchronize();
   gpu::release_buffer_cache();  // and return them to the device: the next shapes differ
@@ -428,6 +490,8 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
       set_roofline(r, cost, copy.gbps);
     }
   }
+  if (!batched.empty() && kind == Kind::gemm)
+    time_batched(c.dtype, batched, has_bwd, samples, rows);
   for (const Result& r : rows) print_row(r);
   for (const Result& r : rows) {
     if (r.alt_bytes > 0) {
@@ -457,6 +521,7 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
     }
     std::printf("\n");
   }
+  print_batched(rows);
   std::printf("  (%s %s: %s inputs; verify %.1f s, setup %.1f s, timing %.1f s)\n", op.name.c_str(),
               c.s("name", "").c_str(), h.device ? "device" : "host", t_verify, t_setup,
               seconds_since(t2));
@@ -628,11 +693,24 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
       r.dense_tflops = both->dense_tflops;
       if (r.kind == "gemm") r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
     }
+    if (both && both->batched_us > 0) {  // and cuBLAS strided-batched on the same products
+      r.batched_us = both->batched_us;
+      r.batched_ratio = r.median_us / r.batched_us;
+      r.batched_shapes = both->batched_shapes;
+    }
     set_roofline(r, cost, copy.gbps);  // at the same rate and bandwidth as moe-gpu's rows
     rows.push_back(std::move(r));
   }
   for (const Result& r : rows) print_row(r);
   print_stages(rows);
+  for (const Result& r : rows) {
+    if (r.impl != "moe-gpu" && r.batched_us > 0) {
+      std::printf(
+          "  %s %s fwd+bwd: %.3fx the time of cuBLAS strided-batched (%.1f us) on the "
+          "same products\n",
+          r.impl.c_str(), r.name.c_str(), r.batched_ratio, r.batched_us);
+    }
+  }
   for (const Result& r : rows) {
     if (!r.composed.empty()) {
       std::printf("  note moe-gpu %s fwd+bwd: %s of the rows above (%s runs both in one call)\n",

@@ -63,6 +63,12 @@ Case cut_rows(const Case& c, int64_t max_rows) {
 
 }  // namespace
 
+int64_t batched_rows(const Case& c, const gpu::GroupPlan& p) {
+  const int64_t G = p.groups();
+  if (c.regime != Regime::uniform || G < 1 || p.used != p.rows || p.used % G != 0) return 0;
+  return p.used / G;
+}
+
 // ---------------------------------------------------------------------------------------------
 // grouped_gemm
 
@@ -117,6 +123,9 @@ OpInfo::Bench grouped_gemm_gpu_bench_device(const Case& c) {
   bench.dense_m = st->plan.used;
   bench.dense_k = K;
   bench.dense_n = N;
+  if (const int64_t m = batched_rows(c, st->plan); m > 0 && !st->bias) {
+    bench.batched = {{G, m, K, N}};
+  }
   return bench;
 }
 
@@ -193,6 +202,10 @@ OpInfo::Bench swiglu_expert_ffn_gpu_bench_device(const Case& c) {
   bench.dense_m = st->plan.used;
   bench.dense_k = H;
   bench.dense_n = 3 * M;
+  // Its products alone (the activation and its gradient are left out): gate and up read one x.
+  if (const int64_t m = batched_rows(c, st->plan); m > 0 && !st->b0 && !st->b1 && !st->bo) {
+    bench.batched = {{G, m, H, M}, {G, m, H, M, 0}, {G, m, M, H}};
+  }
   return bench;
 }
 

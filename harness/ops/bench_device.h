@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpu/grouped_gemm.cuh"
 #include "gpu/runtime.cuh"
 #include "harness/ops/registry.h"
 
@@ -37,6 +38,12 @@ Case grouped_gemm_bench_verify_case(const Case& c);
 std::vector<Case> swiglu_expert_ffn_full_bench_cases();
 OpInfo::Bench swiglu_expert_ffn_gpu_bench_device(const Case& c);
 Case swiglu_expert_ffn_bench_verify_case(const Case& c);
+
+// The rows per group of the cuBLAS strided-batched yardstick of a grouped GEMM or FFN bench case
+// (OpInfo::Bench::batched), else 0: the uniform regime's groups evened out (plan.used / G each,
+// the same FLOPs and bytes) where they divide evenly and no tail follows them. Skewed and other
+// regimes get none: their imbalance is what they measure.
+int64_t batched_rows(const Case& c, const gpu::GroupPlan& plan);
 
 // moe_block (block_gpu.cpp): the cases of moe_block_gpu_bench_cases() with device inputs; the
 // verification case keeps E, K, the router and the regime with B = 1, S = 64, H = 64, M = 64.

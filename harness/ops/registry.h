@@ -90,6 +90,15 @@ struct OpInfo {
     //    max(flops / that rate, bytes / copy bandwidth) (harness/ops/roofline.h); fwd and fwd+bwd
     //    rows.
     int64_t dense_m = 0, dense_k = 0, dense_n = 0;
+    //    A uniform case's products as strided-batched GEMMs of equal groups (the same FLOPs and
+    //    bytes, its groups evened out): bench times cuBLAS on them in the same run
+    //    (gpu::time_batched_gemms) and reports the row's time against it, the vendor's time for
+    //    the same work at balanced shapes. Empty: none.
+    struct BatchedProduct {
+      int64_t batch = 0, m = 0, k = 0, n = 0;  // batch x ([m, k] . [k, n])
+      int a_from = -1;                         // >= 0: reads that earlier product's a
+    };
+    std::vector<BatchedProduct> batched;
     //  - Token-level ops (the MoE block): tokens one fwd processes; tokens/s, fwd and fwd+bwd rows.
     //    Such an op may set dense_m/k/n too (e.g. its FFN's equal-FLOP GEMM): bench then times
     //    that GEMM only for the rate of the row's roofline; the row stays token-level (no %dense).

@@ -55,6 +55,7 @@
 #include "gpu/grouped_gemm.cuh"
 #include "gpu/grouped_gemm_sm90.cuh"
 #include "gpu/swiglu_ffn.cuh"
+#include "harness/ops/bench_device.h"
 #endif
 
 using namespace moe;
@@ -575,6 +576,32 @@ void expect_two_way_knob(const char* name, bool (*setting)(), const char* on, co
 }
 
 }  // namespace
+
+// bench's cuBLAS strided-batched yardstick runs on the uniform bench cases alone, at their mean
+// group (DeepSeek-like 256 rows, Mixtral-like 4096), and on no plan that is skewed, leaves a
+// tail, or does not divide into its groups (host only: no GPU needed).
+TEST(BenchYardstick, BatchedRowsOnlyForEvenUniformPlans) {
+  std::vector<int64_t> want;
+  for (const Case& c : ops::grouped_gemm_full_bench_cases()) {
+    const int64_t rows = c.i("M_total"), G = c.i("G");
+    const gpu::GroupPlan p =
+        gpu::make_group_plan(make_group_sizes(c, G, rows, "input.group_sizes"), rows);
+    want.push_back(ops::batched_rows(c, p));
+    if (c.regime == Regime::uniform) {
+      EXPECT_NE(*std::max_element(p.sizes.begin(), p.sizes.end()), rows / G) << c.line();
+    }
+  }
+  EXPECT_EQ(want, (std::vector<int64_t>{4096, 0, 256, 0}));  // mixtral u/s, deepseek u/s
+  Case c;
+  c.op = "grouped_gemm";
+  c.regime = Regime::uniform;
+  EXPECT_EQ(ops::batched_rows(c, gpu::make_group_plan({3, 5}, 8)), 4);
+  EXPECT_EQ(ops::batched_rows(c, gpu::make_group_plan({3, 5}, 9)), 0);  // a tail of 1
+  EXPECT_EQ(ops::batched_rows(c, gpu::make_group_plan({3, 4}, 7)), 0);  // 7 rows, 2 groups
+  EXPECT_EQ(ops::batched_rows(c, gpu::make_group_plan({}, 0)), 0);
+  c.regime = Regime::skewed;
+  EXPECT_EQ(ops::batched_rows(c, gpu::make_group_plan({3, 5}, 8)), 0);
+}
 
 TEST(GemmImplDefault, EnvironmentValueIsParsedAndABadOneNamesTheVariable) {
   EXPECT_EQ(gpu::gemm_impl_from_env(nullptr), gpu::GemmImpl::automatic);
