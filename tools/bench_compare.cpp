@@ -1,0 +1,376 @@
+// The speed gate between two bench reports; see bench_compare.h.
+#include "tools/bench_compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace moe::tools {
+
+namespace {
+
+// One report row, read and checked.
+struct Row {
+  std::string op, name, dir, impl, kind, line;
+  bool verified = false;
+  double median_us = 0, min_us = 0, bytes = 0, flops = 0;
+  double pct_copy = 0;  // memory-bound rows
+  double pct_roof = 0;  // 0: null or absent (a row without a dense rate)
+};
+
+using Key = std::tuple<std::string, std::string, std::string, std::string>;
+Key key_of(const Row& r) {
+  return {r.op, r.name, r.dir, r.impl};
+}
+
+struct Report {
+  std::string device;
+  bool complete = true;
+  std::vector<Row> rows;
+};
+
+[[noreturn]] void bad(const std::string& file, const std::string& where, const std::string& what) {
+  throw BenchFileError(file + ": " + where + ": " + what +
+                       " (not a `moe-harness bench --json` report?)");
+}
+
+std::string shown(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+std::string str_field(const nlohmann::json& row, const std::string& file, const std::string& at,
+                      const char* f) {
+  const auto it = row.find(f);
+  if (it == row.end()) bad(file, at + "." + f, "missing");
+  if (!it->is_string()) bad(file, at + "." + f, "expected a string, got " + shown(*it));
+  return it->get<std::string>();
+}
+
+// A number >= lo (> 0 when positive); absent or null is an error unless `optional` (then 0).
+double num_field(const nlohmann::json& row, const std::string& file, const std::string& at,
+                 const char* f, bool positive, bool optional = false) {
+  const auto it = row.find(f);
+  if (it == row.end() || it->is_null()) {
+    if (optional) return 0;
+    bad(file, at + "." + f, it == row.end() ? "missing" : "null");
+  }
+  if (!it->is_number()) bad(file, at + "." + f, "expected a number, got " + shown(*it));
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < 0 || (positive && v == 0)) {
+    bad(file, at + "." + f,
+        std::string("expected a ") + (positive ? "positive" : "non-negative") + " number, got " +
+            shown(*it));
+  }
+  return v;
+}
+
+Report read_report(const nlohmann::json& j, const std::string& file) {
+  if (!j.is_object()) bad(file, "top level", "expected an object, got " + shown(j));
+  Report r;
+  if (const auto d = j.find("device"); d != j.end() && d->is_string()) r.device = *d;
+  if (const auto c = j.find("complete"); c != j.end()) {
+    if (!c->is_boolean()) bad(file, "complete", "expected true or false, got " + shown(*c));
+    r.complete = c->get<bool>();
+  }
+  const auto res = j.find("results");
+  if (res == j.end()) bad(file, "results", "missing");
+  if (!res->is_array()) bad(file, "results", "expected an array, got " + shown(*res));
+  std::map<Key, size_t> seen;
+  for (size_t i = 0; i < res->size(); ++i) {
+    const nlohmann::json& e = (*res)[i];
+    const std::string at = "results[" + std::to_string(i) + "]";
+    if (!e.is_object()) bad(file, at, "expected an object, got " + shown(e));
+    Row row;
+    row.op = str_field(e, file, at, "op");
+    row.name = str_field(e, file, at, "name");
+    row.dir = str_field(e, file, at, "dir");
+    row.impl = str_field(e, file, at, "impl");
+    row.kind = str_field(e, file, at, "kind");
+    row.line = str_field(e, file, at, "case");
+    if (row.kind != "memory" && row.kind != "gemm" && row.kind != "tokens") {
+      bad(file, at + ".kind", "expected memory, gemm or tokens, got " + shown(e["kind"]));
+    }
+    const auto v = e.find("verified");
+    if (v == e.end() || !v->is_boolean()) {
+      bad(file, at + ".verified",
+          v == e.end() ? "missing" : "expected true or false, got " + shown(*v));
+    }
+    row.verified = v->get<bool>();
+    row.median_us = num_field(e, file, at, "median_us", true);
+    row.min_us = num_field(e, file, at, "min_us", true);
+    if (row.min_us > row.median_us) {
+      bad(file, at + ".min_us", "above median_us (" + shown(e["median_us"]) + ")");
+    }
+    row.bytes = num_field(e, file, at, "bytes", false);
+    row.flops = num_field(e, file, at, "flops", false);
+    if (row.kind == "memory") {
+      row.pct_copy = num_field(e, file, at, "pct_copy", true);
+    } else {
+      row.pct_roof = num_field(e, file, at, "pct_roof", true, true);
+    }
+    const auto [it, fresh] = seen.emplace(key_of(row), i);
+    if (!fresh) {
+      bad(file, at,
+          "repeats results[" + std::to_string(it->second) + "] (" + row.op + " " + row.name + " " +
+              row.dir + " " + row.impl + ")");
+    }
+    r.rows.push_back(std::move(row));
+  }
+  return r;
+}
+
+bool same_count(double a, double b) {
+  return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b));
+}
+
+RowComparison compare_row(const Row& o, const Row& n, const BenchCompareOptions& opt) {
+  RowComparison c;
+  c.op = n.op;
+  c.name = n.name;
+  c.dir = n.dir;
+  c.impl = n.impl;
+  c.kind = n.kind;
+  if (!n.verified) {
+    c.verdict = RowVerdict::unverified;
+    c.why = "NEW's row failed verification: its time says nothing";
+    return c;
+  }
+  if (o.line != n.line || o.kind != n.kind || !same_count(o.bytes, n.bytes) ||
+      !same_count(o.flops, n.flops)) {
+    c.verdict = RowVerdict::incomparable;
+    c.why = o.line != n.line   ? "the case line changed"
+            : o.kind != n.kind ? "the row's kind changed (" + o.kind + " -> " + n.kind + ")"
+                               : "its bytes or FLOPs changed";
+    return c;
+  }
+  // The metric: a speed (higher is faster) whose inverse is the time over the run's yardstick.
+  if (opt.by_time) {
+    c.metric = "time";
+    c.old_value = o.median_us;
+    c.new_value = n.median_us;
+    c.ratio = n.median_us / o.median_us;
+  } else if (n.kind == "memory") {
+    c.metric = "pct_copy";
+    c.old_value = o.pct_copy;
+    c.new_value = n.pct_copy;
+    c.ratio = o.pct_copy / n.pct_copy;
+  } else if (o.pct_roof > 0 && n.pct_roof > 0) {
+    c.metric = "pct_roof";
+    c.old_value = o.pct_roof;
+    c.new_value = n.pct_roof;
+    c.ratio = o.pct_roof / n.pct_roof;
+  } else {  // a row without a dense rate in one run: only its time
+    c.metric = "time";
+    c.old_value = o.median_us;
+    c.new_value = n.median_us;
+    c.ratio = n.median_us / o.median_us;
+  }
+  c.best_ratio = c.ratio * n.min_us / n.median_us;
+  if (c.ratio > 1 + opt.max_slowdown && c.best_ratio > 1) {
+    c.verdict = RowVerdict::slower;
+  } else if (c.ratio < 1 - opt.max_slowdown) {
+    c.verdict = RowVerdict::faster;
+  }
+  return c;
+}
+
+// A metric's value as the table shows it.
+std::string value(const std::string& metric, double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf,
+                metric == "time"    ? "%.1fus"
+                : metric == "ratio" ? "%.3f"
+                                    : "%.1f%%",
+                v);
+  return buf;
+}
+
+}  // namespace
+
+const char* verdict_name(RowVerdict v) {
+  switch (v) {
+    case RowVerdict::same:
+      return "same";
+    case RowVerdict::slower:
+      return "SLOWER";
+    case RowVerdict::faster:
+      return "faster";
+    case RowVerdict::missing:
+      return "MISSING";
+    case RowVerdict::added:
+      return "added";
+    case RowVerdict::unverified:
+      return "UNVERIFIED";
+    case RowVerdict::incomparable:
+      return "INCOMPARABLE";
+  }
+  return "?";
+}
+
+bool BenchComparison::failed(const BenchCompareOptions& o) const {
+  for (const RowComparison& r : rows) {
+    switch (r.verdict) {
+      case RowVerdict::slower:
+      case RowVerdict::unverified:
+      case RowVerdict::incomparable:
+        return true;
+      case RowVerdict::missing:
+        if (!o.allow_missing) return true;
+        break;
+      default:
+        break;
+    }
+  }
+  return false;
+}
+
+BenchComparison compare_bench(const nlohmann::json& old_report, const std::string& old_name,
+                              const nlohmann::json& new_report, const std::string& new_name,
+                              const BenchCompareOptions& o) {
+  if (!(o.max_slowdown >= 0) || !(o.max_slowdown < 10)) {
+    throw std::invalid_argument("--max-slowdown: " + std::to_string(100 * o.max_slowdown) +
+                                "% outside [0, 1000)");
+  }
+  const Report a = read_report(old_report, old_name);
+  const Report b = read_report(new_report, new_name);
+  BenchComparison c;
+  c.old_device = a.device;
+  c.new_device = b.device;
+  c.old_complete = a.complete;
+  c.new_complete = b.complete;
+  std::map<Key, const Row*> in_new;
+  for (const Row& r : b.rows) in_new[key_of(r)] = &r;
+  std::map<Key, bool> matched;
+  for (const Row& r : a.rows) {
+    const auto it = in_new.find(key_of(r));
+    if (it == in_new.end()) {
+      RowComparison m;
+      m.op = r.op;
+      m.name = r.name;
+      m.dir = r.dir;
+      m.impl = r.impl;
+      m.kind = r.kind;
+      m.verdict = RowVerdict::missing;
+      m.why = b.complete ? "not in NEW" : "not in NEW, a run cut short";
+      c.rows.push_back(m);
+      continue;
+    }
+    matched[it->first] = true;
+    c.rows.push_back(compare_row(r, *it->second, o));
+  }
+  for (const Row& r : b.rows) {
+    if (matched.count(key_of(r))) continue;
+    RowComparison m;
+    m.op = r.op;
+    m.name = r.name;
+    m.dir = r.dir;
+    m.impl = r.impl;
+    m.kind = r.kind;
+    m.verdict = r.verified ? RowVerdict::added : RowVerdict::unverified;
+    m.why = r.verified ? "only in NEW" : "only in NEW, and it failed verification";
+    c.rows.push_back(m);
+  }
+  if (!a.complete) c.notes.push_back(old_name + " is from a run cut short (complete: false)");
+  if (!b.complete) c.notes.push_back(new_name + " is from a run cut short (complete: false)");
+  if (a.device != b.device) {
+    c.notes.push_back("the runs are on different devices ('" + a.device + "', '" + b.device + "')" +
+                      (o.by_time ? ": --by time compares their times as they are"
+                                 : ": each row is compared against its own run's yardstick"));
+  }
+  return c;
+}
+
+nlohmann::json read_bench_report(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw BenchFileError(path + ": cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw BenchFileError(path + ": not JSON: " + e.what());
+  }
+}
+
+std::string format_comparison(const BenchComparison& c, const BenchCompareOptions& o) {
+  std::ostringstream out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "max slowdown %.1f%%, %s; ratio = NEW's time / OLD's%s (> 1: slower)\n",
+                100 * o.max_slowdown, o.by_time ? "by time" : "against each run's yardstick",
+                o.by_time ? "" : ", each over its run's yardstick");
+  out << buf;
+  std::snprintf(buf, sizeof buf, "%-18s %-18s %-7s %-10s %-8s %9s %9s %7s  %s\n", "op", "case",
+                "dir", "impl", "metric", "old", "new", "ratio", "verdict");
+  out << buf;
+  int count[7] = {};
+  for (const RowComparison& r : c.rows) {
+    ++count[static_cast<int>(r.verdict)];
+    const bool cmp = r.ratio > 0;
+    std::snprintf(buf, sizeof buf, "%-18s %-18s %-7s %-10s %-8s %9s %9s %7s  %s\n", r.op.c_str(),
+                  r.name.c_str(), r.dir.c_str(), r.impl.c_str(), cmp ? r.metric.c_str() : "-",
+                  cmp ? value(r.metric, r.old_value).c_str() : "-",
+                  cmp ? value(r.metric, r.new_value).c_str() : "-",
+                  cmp ? value("ratio", r.ratio).c_str() : "-", verdict_name(r.verdict));
+    out << buf;
+  }
+  for (const RowComparison& r : c.rows) {
+    if (r.verdict == RowVerdict::slower) {
+      std::snprintf(
+          buf, sizeof buf,
+          "  SLOWER %s %s %s (%s): %.1f%% more time than OLD%s; NEW's fastest sample "
+          "%.1f%% more than OLD's median\n",
+          r.op.c_str(), r.name.c_str(), r.dir.c_str(), r.impl.c_str(), 100 * (r.ratio - 1),
+          r.metric == "time" ? "" : (" against its run's yardstick (" + r.metric + ")").c_str(),
+          100 * (r.best_ratio - 1));
+      out << buf;
+    } else if (!r.why.empty() && r.verdict != RowVerdict::added) {
+      out << "  " << verdict_name(r.verdict) << " " << r.op << " " << r.name << " " << r.dir << " ("
+          << r.impl << "): " << r.why << "\n";
+    }
+  }
+  for (const std::string& n : c.notes) out << "  note: " << n << "\n";
+  std::snprintf(buf, sizeof buf,
+                "bench-compare: %zu rows: %d slower, %d faster, %d same; %d missing%s, %d added, "
+                "%d unverified, %d incomparable: %s\n",
+                c.rows.size(), count[1], count[2], count[0], count[3],
+                o.allow_missing ? " (allowed)" : "", count[4], count[5], count[6],
+                c.failed(o) ? "FAIL" : "ok");
+  out << buf;
+  return out.str();
+}
+
+nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptions& o) {
+  nlohmann::json j;
+  j["old_device"] = c.old_device;
+  j["new_device"] = c.new_device;
+  j["old_complete"] = c.old_complete;
+  j["new_complete"] = c.new_complete;
+  j["max_slowdown"] = o.max_slowdown;
+  j["by_time"] = o.by_time;
+  j["allow_missing"] = o.allow_missing;
+  j["failed"] = c.failed(o);
+  j["notes"] = c.notes;
+  j["rows"] = nlohmann::json::array();
+  for (const RowComparison& r : c.rows) {
+    nlohmann::json e = {{"op", r.op},     {"name", r.name}, {"dir", r.dir},
+                        {"impl", r.impl}, {"kind", r.kind}, {"verdict", verdict_name(r.verdict)}};
+    if (r.ratio > 0) {
+      e["metric"] = r.metric;
+      e["old"] = r.old_value;
+      e["new"] = r.new_value;
+      e["ratio"] = r.ratio;
+      e["best_ratio"] = r.best_ratio;
+    }
+    if (!r.why.empty()) e["why"] = r.why;
+    j["rows"].push_back(e);
+  }
+  return j;
+}
+
+}  // namespace moe::tools

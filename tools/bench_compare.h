@@ -1,0 +1,72 @@
+// `moe-harness bench-compare OLD.json NEW.json`: a speed gate for CI between two `bench --json`
+// reports (tools/bench_cmd.cpp), with no GPU needed. A row of one report is matched to the row of
+// the other with the same op, case name, direction and implementation, and compared by its time
+// relative to the yardstick measured in its own run:
+//   memory-bound rows   the time of a copy of its bytes at the run's copy bandwidth (pct_copy)
+//   GEMM-like, block    its roofline at the run's dense cuBLAS rate and copy bandwidth (pct_roof)
+// so two runs on boards of different clocks or power states compare what the kernel does with
+// the machine it had; --by time compares the medians as they are (one machine, same state).
+//
+// ratio = NEW's normalised time / OLD's (> 1: slower). A row is SLOWER when ratio > 1 +
+// max_slowdown and NEW's fastest sample, normalised the same way, is still slower than OLD's
+// median (one slow median among fast samples is noise, not a regression); FASTER when ratio <
+// 1 - max_slowdown. max_slowdown is a policy: set it above the run-to-run spread of the rows you
+// gate (docs/perf.md records this repository's on an H100: most rows within 1-2% between two
+// sessions' full runs, the skewed grouped forward 5-10% between calls).
+//
+// Exit status of the command: 0 no row SLOWER, none missing, every NEW row verified; 1 otherwise
+// (a row of OLD missing from NEW, unless --allow-missing; a NEW row that failed verification; a
+// row whose bytes, FLOPs or case line changed, which cannot be compared); 2 bad usage or a file
+// that is not a bench report (its path and the field named).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace moe::tools {
+
+struct BenchCompareOptions {
+  double max_slowdown = 0.05;  // fraction: 0.05 = 5%
+  bool by_time = false;        // compare median_us as they are
+  bool allow_missing = false;  // a row of OLD absent from NEW is a note, not a failure
+};
+
+enum class RowVerdict { same, slower, faster, missing, added, unverified, incomparable };
+const char* verdict_name(RowVerdict v);
+
+struct RowComparison {
+  std::string op, name, dir, impl, kind;
+  std::string metric;  // "pct_copy", "pct_roof" or "time"
+  RowVerdict verdict = RowVerdict::same;
+  double old_value = 0, new_value = 0;  // the metric in each report (0 where absent)
+  double ratio = 0;                     // NEW's normalised time / OLD's; 0 where not compared
+  double best_ratio = 0;                // NEW's fastest sample / OLD's median, normalised
+  std::string why;                      // for missing, unverified, incomparable
+};
+
+struct BenchComparison {
+  std::string old_device, new_device;
+  bool old_complete = true, new_complete = true;
+  std::vector<RowComparison> rows;  // OLD's row order, then rows only NEW has
+  std::vector<std::string> notes;
+  bool failed(const BenchCompareOptions& o) const;
+};
+
+// A file that is not a bench report: what() names the file, and the row and field at fault.
+class BenchFileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+BenchComparison compare_bench(const nlohmann::json& old_report, const std::string& old_name,
+                              const nlohmann::json& new_report, const std::string& new_name,
+                              const BenchCompareOptions& o);
+// Reads and parses a report (BenchFileError for an unreadable file or invalid JSON).
+nlohmann::json read_bench_report(const std::string& path);
+
+std::string format_comparison(const BenchComparison& c, const BenchCompareOptions& o);
+nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptions& o);
+
+}  // namespace moe::tools

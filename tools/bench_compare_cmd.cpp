@@ -1,0 +1,63 @@
+// `moe-harness bench-compare OLD.json NEW.json [--max-slowdown PCT] [--by yardstick|time]
+// [--allow-missing] [--json FILE]`: the speed gate of tools/bench_compare.h between two
+// `bench --json` reports. Runs anywhere (no GPU). Exit status: 0 no regression, 1 a row slower,
+// missing, unverified or incomparable, 2 bad usage or a file that is not a bench report.
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tools/bench_compare.h"
+#include "tools/commands.h"
+
+namespace moe::tools {
+
+void add_bench_compare_command(CLI::App& app, int& status) {
+  auto* cmd = app.add_subcommand(
+      "bench-compare",
+      "Compare two `bench --json` reports row by row: each row's time over its own run's "
+      "yardstick (copy bandwidth, roofline); fail on a slowdown beyond --max-slowdown");
+  static std::string old_path, new_path, by = "yardstick", json_path;
+  static double max_slowdown_pct = 5.0;
+  static bool allow_missing = false;
+  cmd->add_option("OLD", old_path, "The baseline report (bench --json)")->required();
+  cmd->add_option("NEW", new_path, "The report under test")->required();
+  cmd->add_option("--max-slowdown", max_slowdown_pct,
+                  "Percent more time (over the run's yardstick) a row may take before it fails; "
+                  "set it above your rows' run-to-run spread")
+      ->check(CLI::Range(0.0, 999.0));
+  cmd->add_option("--by", by,
+                  "yardstick: each row's time over its run's copy bandwidth or roofline; time: "
+                  "the medians as they are (same machine, same state)")
+      ->check(CLI::IsMember({"yardstick", "time"}));
+  cmd->add_flag("--allow-missing", allow_missing,
+                "A row of OLD absent from NEW is reported, not a failure");
+  cmd->add_option("--json", json_path, "Also write the comparison to this JSON file");
+  cmd->callback([&status] {
+    BenchCompareOptions o;
+    o.max_slowdown = max_slowdown_pct / 100.0;
+    o.by_time = by == "time";
+    o.allow_missing = allow_missing;
+    try {
+      const BenchComparison c = compare_bench(read_bench_report(old_path), old_path,
+                                              read_bench_report(new_path), new_path, o);
+      std::printf("bench-compare %s (%s) -> %s (%s)\n", old_path.c_str(), c.old_device.c_str(),
+                  new_path.c_str(), c.new_device.c_str());
+      std::fputs(format_comparison(c, o).c_str(), stdout);
+      if (!json_path.empty()) {
+        std::ofstream f(json_path);
+        f << comparison_json(c, o).dump(2) << "\n";
+        if (!f) {
+          std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
+          status = 2;
+          return;
+        }
+      }
+      status = c.failed(o) ? 1 : 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench-compare: %s\n", e.what());
+      status = 2;
+    }
+  });
+}
+
+}  // namespace moe::tools
