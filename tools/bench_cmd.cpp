@@ -54,7 +54,7 @@
 // would be prohibitive (kMaxHostBenchBytes).
 //
 // --json FILE writes the same fields per row (rewritten after every case; "complete": true at the
-// end), with "impl" on every row; GEMM-like and token-level rows have "roof_us" and "pct_roof"
+// end; the device, and the build as "version" and "git"), with "impl" on every row; GEMM-like and token-level rows have "roof_us" and "pct_roof"
 // (null without a dense rate), "roof_bound" ("flops" or "bytes") or, for an op with stages,
 // "stages" ([{name, roof_us, bound}]), and "dense" (the rate's GEMM). Exit status: 0 all cases
 // verified and timed, 1 a verification or a benchmark failed, 2 bad usage (an unknown --impl or
@@ -821,6 +821,8 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
     if (json_path.empty()) return true;
     nlohmann::json j;
     j["device"] = device;
+    j["version"] = MOE_VERSION;  // which build timed it (bench-compare prints both)
+    j["git"] = MOE_GIT_REV;
     j["complete"] = complete;
     j["sustain_ms"] = gpu::sustain_ms();
     j["copy"] = {{"bytes", copy.bytes},

@@ -48,6 +48,7 @@ struct RowComparison {
 
 struct BenchComparison {
   std::string old_device, new_device;
+  std::string old_build, new_build;  // "VERSION (git REV)" where the report has them, else ""
   bool old_complete = true, new_complete = true;
   std::vector<RowComparison> rows;  // OLD's row order, then rows only NEW has
   std::vector<std::string> notes;

@@ -40,8 +40,9 @@ void add_bench_compare_command(CLI::App& app, int& status) {
     try {
       const BenchComparison c = compare_bench(read_bench_report(old_path), old_path,
                                               read_bench_report(new_path), new_path, o);
-      std::printf("bench-compare %s (%s) -> %s (%s)\n", old_path.c_str(), c.old_device.c_str(),
-                  new_path.c_str(), c.new_device.c_str());
+      std::printf("OLD %s: %s%s%s\nNEW %s: %s%s%s\n", old_path.c_str(), c.old_device.c_str(),
+                  c.old_build.empty() ? "" : ", ", c.old_build.c_str(), new_path.c_str(),
+                  c.new_device.c_str(), c.new_build.empty() ? "" : ", ", c.new_build.c_str());
       std::fputs(format_comparison(c, o).c_str(), stdout);
       if (!json_path.empty()) {
         std::ofstream f(json_path);

@@ -34,7 +34,8 @@ json gemm_row(const std::string& name, double median, double min, double pct_roo
           {"pct_roof", pct_roof}};
 }
 json report(const std::string& device, std::initializer_list<json> rows) {
-  json j = {{"device", device}, {"complete", true}, {"results", json::array()}};
+  json j = {{"device", device},  {"version", "1.2.0"}, {"git", "abc1234"},
+            {"sustain_ms", 0.0}, {"complete", true},   {"results", json::array()}};
   for (const json& r : rows) j["results"].push_back(r);
   return j;
 }
@@ -56,6 +57,7 @@ TEST(BenchCompare, AReportAgainstItselfIsTheSame) {
   EXPECT_EQ(c.rows[1].metric, "pct_roof");
   EXPECT_FALSE(c.failed({}));
   EXPECT_TRUE(c.notes.empty());
+  EXPECT_EQ(c.old_build, "1.2.0 (git abc1234)");
 }
 
 // 90% -> 80% of copy is 12.5% more time: SLOWER at the default 5%, within a 20% allowance.
@@ -151,6 +153,19 @@ TEST(BenchCompare, MissingUnverifiedAndChangedRowsFailAndAddedOnesDoNot) {
     EXPECT_EQ(c.rows.at(1).verdict, RowVerdict::added);
     EXPECT_FALSE(c.failed({}));
   }
+}
+
+// Burst against sustained timing is noted (the clocks differ); so is a report without a build.
+TEST(BenchCompare, ADifferentWarmUpIsNoted) {
+  json b = report("H100", {memory_row("a", 800, 790, 90)});
+  b["sustain_ms"] = 1000.0;
+  b.erase("version");
+  const BenchComparison c = cmp(report("H100", {memory_row("a", 800, 790, 90)}), b);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_THAT(c.notes[0], HasSubstr("--sustain-ms 0 and 1000"));
+  EXPECT_EQ(c.new_build, "");
+  b["sustain_ms"] = "long";
+  EXPECT_THROW(cmp(b, b), BenchFileError);
 }
 
 // A run cut short is noted; its missing rows say so.
