@@ -54,11 +54,13 @@
 // would be prohibitive (kMaxHostBenchBytes).
 //
 // --json FILE writes the same fields per row (rewritten after every case; "complete": true at the
-// end; the device, and the build as "version" and "git"), with "impl" on every row; GEMM-like and token-level rows have "roof_us" and "pct_roof"
-// (null without a dense rate), "roof_bound" ("flops" or "bytes") or, for an op with stages,
-// "stages" ([{name, roof_us, bound}]), and "dense" (the rate's GEMM). Exit status: 0 all cases
-// verified and timed, 1 a verification or a benchmark failed, 2 bad usage (an unknown --impl or
-// one with no CUDA implementation of a selected op, a --plugin that cannot be loaded) or no GPU.
+// end; the device, and the build as "version" and "git"), with "impl" on every row; GEMM-like
+// and token-level rows have "roof_us" and "pct_roof" (null without a dense rate), "roof_bound"
+// ("flops" or "bytes") or, for an op with stages, "stages" ([{name, roof_us, bound}]), and
+// "dense" (the rate's GEMM). Exit status: 0 all cases verified and timed, 1 a verification or a
+// benchmark failed, 2 bad usage (an unknown --impl or one with no CUDA implementation of a
+// selected op, a --plugin that cannot be loaded) or no GPU. `bench-compare` reads these reports
+// (tools/bench_compare.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
