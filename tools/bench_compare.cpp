@@ -52,7 +52,8 @@ std::string str_field(const nlohmann::json& row, const std::string& file, const 
   return it->get<std::string>();
 }
 
-// A number >= lo (> 0 when positive); absent or null is an error unless `optional` (then 0).
+// A finite number, > 0 when `positive`, else >= 0; absent or null is an error unless `optional`
+// (then 0).
 double num_field(const nlohmann::json& row, const std::string& file, const std::string& at,
                  const char* f, bool positive, bool optional = false) {
   const auto it = row.find(f);
