@@ -137,52 +137,59 @@ bool same_count(double a, double b) {
   return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b));
 }
 
-RowComparison compare_row(const Row& o, const Row& n, const BenchCompareOptions& opt) {
+// The row's speed by a metric, higher faster: its % of copy or of roofline, or 1 / its time.
+double speed(const Row& r, const std::string& metric) {
+  return metric == "pct_copy" ? r.pct_copy : metric == "pct_roof" ? r.pct_roof : 1.0 / r.median_us;
+}
+double shown_value(const Row& r, const std::string& metric) {
+  return metric == "time" ? r.median_us : speed(r, metric);
+}
+
+// NEW's row against the same row of each baseline that has it (at least one).
+RowComparison compare_row(const std::vector<const Row*>& olds, const Row& n,
+                          const BenchCompareOptions& opt) {
   RowComparison c;
   c.op = n.op;
   c.name = n.name;
   c.dir = n.dir;
   c.impl = n.impl;
   c.kind = n.kind;
+  c.baselines = static_cast<int>(olds.size());
   if (!n.verified) {
     c.verdict = RowVerdict::unverified;
     c.why = "NEW's row failed verification: its time says nothing";
     return c;
   }
-  if (o.line != n.line || o.kind != n.kind || !same_count(o.bytes, n.bytes) ||
-      !same_count(o.flops, n.flops)) {
-    c.verdict = RowVerdict::incomparable;
-    c.why = o.line != n.line   ? "the case line changed"
-            : o.kind != n.kind ? "the row's kind changed (" + o.kind + " -> " + n.kind + ")"
-                               : "its bytes or FLOPs changed";
-    return c;
+  for (const Row* o : olds) {
+    if (o->line != n.line || o->kind != n.kind || !same_count(o->bytes, n.bytes) ||
+        !same_count(o->flops, n.flops)) {
+      c.verdict = RowVerdict::incomparable;
+      c.why = o->line != n.line   ? "the case line changed"
+              : o->kind != n.kind ? "the row's kind changed (" + o->kind + " -> " + n.kind + ")"
+                                  : "its bytes or FLOPs changed";
+      return c;
+    }
   }
-  // The metric: a speed (higher is faster) whose inverse is the time over the run's yardstick.
-  if (opt.by_time) {
-    c.metric = "time";
-    c.old_value = o.median_us;
-    c.new_value = n.median_us;
-    c.ratio = n.median_us / o.median_us;
-  } else if (n.kind == "memory") {
-    c.metric = "pct_copy";
-    c.old_value = o.pct_copy;
-    c.new_value = n.pct_copy;
-    c.ratio = o.pct_copy / n.pct_copy;
-  } else if (o.pct_roof > 0 && n.pct_roof > 0) {
-    c.metric = "pct_roof";
-    c.old_value = o.pct_roof;
-    c.new_value = n.pct_roof;
-    c.ratio = o.pct_roof / n.pct_roof;
-  } else {  // a row without a dense rate in one run: only its time
-    c.metric = "time";
-    c.old_value = o.median_us;
-    c.new_value = n.median_us;
-    c.ratio = n.median_us / o.median_us;
+  // The metric: the run's yardstick where every report has it, else the time.
+  bool roof = n.pct_roof > 0;
+  for (const Row* o : olds) roof = roof && o->pct_roof > 0;
+  c.metric = opt.by_time ? "time" : n.kind == "memory" ? "pct_copy" : roof ? "pct_roof" : "time";
+  // Against the slowest baseline (and the fastest for FASTER): with several runs of OLD, a row
+  // fails only where NEW is slower than all of them.
+  const Row* slow = olds.front();
+  const Row* fast = olds.front();
+  for (const Row* o : olds) {
+    if (speed(*o, c.metric) < speed(*slow, c.metric)) slow = o;
+    if (speed(*o, c.metric) > speed(*fast, c.metric)) fast = o;
   }
+  c.old_value = shown_value(*slow, c.metric);
+  c.new_value = shown_value(n, c.metric);
+  c.ratio = speed(*slow, c.metric) / speed(n, c.metric);  // NEW's normalised time / OLD's
   c.best_ratio = c.ratio * n.min_us / n.median_us;
+  c.old_spread = speed(*fast, c.metric) / speed(*slow, c.metric) - 1;
   if (c.ratio > 1 + opt.max_slowdown && c.best_ratio > 1) {
     c.verdict = RowVerdict::slower;
-  } else if (c.ratio < 1 - opt.max_slowdown) {
+  } else if (speed(*fast, c.metric) / speed(n, c.metric) < 1 - opt.max_slowdown) {
     c.verdict = RowVerdict::faster;
   }
   return c;
@@ -192,10 +199,11 @@ RowComparison compare_row(const Row& o, const Row& n, const BenchCompareOptions&
 std::string value(const std::string& metric, double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf,
-                metric == "time"    ? "%.1fus"
-                : metric == "ratio" ? "%.3f"
-                : metric == "ms"    ? "%.0f"
-                                    : "%.1f%%",
+                metric == "time"     ? "%.1fus"
+                : metric == "ratio"  ? "%.3f"
+                : metric == "ms"     ? "%.0f"
+                : metric == "spread" ? "%7.1f%%"
+                                     : "%.1f%%",
                 v);
   return buf;
 }
@@ -239,68 +247,92 @@ bool BenchComparison::failed(const BenchCompareOptions& o) const {
   return false;
 }
 
-BenchComparison compare_bench(const nlohmann::json& old_report, const std::string& old_name,
-                              const nlohmann::json& new_report, const std::string& new_name,
+BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedReport& neu,
                               const BenchCompareOptions& o) {
   if (!(o.max_slowdown >= 0) || !(o.max_slowdown < 10)) {
     throw std::invalid_argument("--max-slowdown: " + std::to_string(100 * o.max_slowdown) +
                                 "% outside [0, 1000)");
   }
-  const Report a = read_report(old_report, old_name);
-  const Report b = read_report(new_report, new_name);
+  if (olds.empty()) throw std::invalid_argument("bench-compare: no baseline report");
+  std::vector<Report> as;
+  for (const NamedReport& r : olds) as.push_back(read_report(r.json, r.name));
+  const Report b = read_report(neu.json, neu.name);
   BenchComparison c;
-  c.old_device = a.device;
+  c.baselines = static_cast<int>(as.size());
+  c.old_device = as.front().device;
   c.new_device = b.device;
-  c.old_build = a.build;
+  c.old_build = as.front().build;
   c.new_build = b.build;
-  c.old_complete = a.complete;
+  c.old_complete = true;
+  for (const Report& a : as) c.old_complete = c.old_complete && a.complete;
   c.new_complete = b.complete;
   std::map<Key, const Row*> in_new;
   for (const Row& r : b.rows) in_new[key_of(r)] = &r;
-  std::map<Key, bool> matched;
-  for (const Row& r : a.rows) {
-    const auto it = in_new.find(key_of(r));
-    if (it == in_new.end()) {
-      RowComparison m;
-      m.op = r.op;
-      m.name = r.name;
-      m.dir = r.dir;
-      m.impl = r.impl;
-      m.kind = r.kind;
-      m.verdict = RowVerdict::missing;
-      m.why = b.complete ? "not in NEW" : "not in NEW, a run cut short";
-      c.rows.push_back(m);
-      continue;
+  // Every key of the baselines in the order of first appearance, with its rows.
+  std::vector<Key> order;
+  std::map<Key, std::vector<const Row*>> in_old;
+  for (const Report& a : as) {
+    for (const Row& r : a.rows) {
+      auto& v = in_old[key_of(r)];
+      if (v.empty()) order.push_back(key_of(r));
+      v.push_back(&r);
     }
-    matched[it->first] = true;
-    c.rows.push_back(compare_row(r, *it->second, o));
   }
-  for (const Row& r : b.rows) {
-    if (matched.count(key_of(r))) continue;
+  const auto listed = [](const Row& r, RowVerdict v, const std::string& why) {
     RowComparison m;
     m.op = r.op;
     m.name = r.name;
     m.dir = r.dir;
     m.impl = r.impl;
     m.kind = r.kind;
-    m.verdict = r.verified ? RowVerdict::added : RowVerdict::unverified;
-    m.why = r.verified ? "only in NEW" : "only in NEW, and it failed verification";
-    c.rows.push_back(m);
+    m.verdict = v;
+    m.why = why;
+    return m;
+  };
+  for (const Key& k : order) {
+    const std::vector<const Row*>& rows = in_old[k];
+    const auto it = in_new.find(k);
+    if (it == in_new.end()) {
+      c.rows.push_back(listed(*rows.front(), RowVerdict::missing,
+                              b.complete ? "not in NEW" : "not in NEW, a run cut short"));
+    } else {
+      c.rows.push_back(compare_row(rows, *it->second, o));
+    }
   }
-  if (!a.complete) c.notes.push_back(old_name + " is from a run cut short (complete: false)");
-  if (!b.complete) c.notes.push_back(new_name + " is from a run cut short (complete: false)");
-  if (a.sustain_ms != b.sustain_ms) {
-    c.notes.push_back("the runs warmed up differently (--sustain-ms " + value("ms", a.sustain_ms) +
-                      " and " + value("ms", b.sustain_ms) +
-                      "): burst and sustained clocks differ (the DeepSeek-like grouped forward "
-                      "read 80-83% of its roofline burst, 71-75% sustained, on an H100)");
+  for (const Row& r : b.rows) {
+    if (in_old.count(key_of(r))) continue;
+    c.rows.push_back(
+        r.verified ? listed(r, RowVerdict::added, "only in NEW")
+                   : listed(r, RowVerdict::unverified, "only in NEW, and it failed verification"));
   }
-  if (a.device != b.device) {
-    c.notes.push_back("the runs are on different devices ('" + a.device + "', '" + b.device + "')" +
-                      (o.by_time ? ": --by time compares their times as they are"
-                                 : ": each row is compared against its own run's yardstick"));
+  for (size_t i = 0; i < as.size(); ++i) {
+    if (!as[i].complete)
+      c.notes.push_back(olds[i].name + " is from a run cut short (complete: false)");
+  }
+  if (!b.complete) c.notes.push_back(neu.name + " is from a run cut short (complete: false)");
+  for (size_t i = 0; i < as.size(); ++i) {
+    const Report& a = as[i];
+    if (a.sustain_ms != b.sustain_ms) {
+      c.notes.push_back(olds[i].name + " and " + neu.name +
+                        " warmed up differently (--sustain-ms " + value("ms", a.sustain_ms) +
+                        " and " + value("ms", b.sustain_ms) +
+                        "): burst and sustained clocks differ (the DeepSeek-like grouped forward "
+                        "read 80-83% of its roofline burst, 71-75% sustained, on an H100)");
+    }
+    if (a.device != b.device) {
+      c.notes.push_back(olds[i].name + " and " + neu.name + " are from different devices ('" +
+                        a.device + "', '" + b.device + "')" +
+                        (o.by_time ? ": --by time compares their times as they are"
+                                   : ": each row is compared against its own run's yardstick"));
+    }
   }
   return c;
+}
+
+BenchComparison compare_bench(const nlohmann::json& old_report, const std::string& old_name,
+                              const nlohmann::json& new_report, const std::string& new_name,
+                              const BenchCompareOptions& o) {
+  return compare_bench({NamedReport{old_report, old_name}}, NamedReport{new_report, new_name}, o);
 }
 
 nlohmann::json read_bench_report(const std::string& path) {
@@ -319,31 +351,40 @@ std::string format_comparison(const BenchComparison& c, const BenchCompareOption
   std::ostringstream out;
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "max slowdown %.1f%%, %s; ratio = NEW's time / OLD's%s (> 1: slower)\n",
+                "max slowdown %.1f%%, %s; ratio = NEW's time / %s%s (> 1: slower)%s\n",
                 100 * o.max_slowdown, o.by_time ? "by time" : "against each run's yardstick",
-                o.by_time ? "" : ", each over its run's yardstick");
+                c.baselines > 1 ? "the slowest OLD run's" : "OLD's",
+                o.by_time ? "" : ", each over its run's yardstick",
+                c.baselines > 1 ? "; spread: the OLD runs' fastest over their slowest" : "");
   out << buf;
-  std::snprintf(buf, sizeof buf, "%-18s %-18s %-7s %-10s %-8s %9s %9s %7s  %s\n", "op", "case",
-                "dir", "impl", "metric", "old", "new", "ratio", "verdict");
+  const bool spread = c.baselines > 1;  // a column for the baselines' spread
+  std::snprintf(buf, sizeof buf, "%-18s %-18s %-7s %-10s %-8s %9s %9s %7s%s  %s\n", "op", "case",
+                "dir", "impl", "metric", spread ? "slowest" : "old", "new", "ratio",
+                spread ? "   spread" : "", "verdict");
   out << buf;
   int count[7] = {};
   for (const RowComparison& r : c.rows) {
     ++count[static_cast<int>(r.verdict)];
     const bool cmp = r.ratio > 0;
-    std::snprintf(buf, sizeof buf, "%-18s %-18s %-7s %-10s %-8s %9s %9s %7s  %s\n", r.op.c_str(),
+    const std::string sp = !spread ? ""
+                           : cmp   ? " " + value("spread", 100 * r.old_spread)
+                                   : std::string(8, ' ');
+    std::snprintf(buf, sizeof buf, "%-18s %-18s %-7s %-10s %-8s %9s %9s %7s%s  %s\n", r.op.c_str(),
                   r.name.c_str(), r.dir.c_str(), r.impl.c_str(), cmp ? r.metric.c_str() : "-",
                   cmp ? value(r.metric, r.old_value).c_str() : "-",
                   cmp ? value(r.metric, r.new_value).c_str() : "-",
-                  cmp ? value("ratio", r.ratio).c_str() : "-", verdict_name(r.verdict));
+                  cmp ? value("ratio", r.ratio).c_str() : "-", sp.c_str(), verdict_name(r.verdict));
     out << buf;
   }
   for (const RowComparison& r : c.rows) {
     if (r.verdict == RowVerdict::slower) {
       std::snprintf(
           buf, sizeof buf,
-          "  SLOWER %s %s %s (%s): %.1f%% more time than OLD%s; NEW's fastest sample "
-          "%.1f%% more than OLD's median\n",
+          "  SLOWER %s %s %s (%s): %.1f%% more time than %s%s; NEW's fastest sample "
+          "%.1f%% more than its median\n",
           r.op.c_str(), r.name.c_str(), r.dir.c_str(), r.impl.c_str(), 100 * (r.ratio - 1),
+          r.baselines > 1 ? ("the slowest of " + std::to_string(r.baselines) + " OLD runs").c_str()
+                          : "OLD",
           r.metric == "time" ? "" : (" against its run's yardstick (" + r.metric + ")").c_str(),
           100 * (r.best_ratio - 1));
       out << buf;
@@ -371,6 +412,7 @@ nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptio
   j["new_build"] = c.new_build;
   j["old_complete"] = c.old_complete;
   j["new_complete"] = c.new_complete;
+  j["baselines"] = c.baselines;
   j["max_slowdown"] = o.max_slowdown;
   j["by_time"] = o.by_time;
   j["allow_missing"] = o.allow_missing;
@@ -386,6 +428,8 @@ nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptio
       e["new"] = r.new_value;
       e["ratio"] = r.ratio;
       e["best_ratio"] = r.best_ratio;
+      e["baselines"] = r.baselines;
+      e["old_spread"] = r.old_spread;
     }
     if (!r.why.empty()) e["why"] = r.why;
     j["rows"].push_back(e);

@@ -1,18 +1,20 @@
-// `moe-harness bench-compare OLD.json NEW.json`: a speed gate for CI between two `bench --json`
-// reports (tools/bench_cmd.cpp), with no GPU needed. A row of one report is matched to the row of
-// the other with the same op, case name, direction and implementation, and compared by its time
-// relative to the yardstick measured in its own run:
+// `moe-harness bench-compare OLD.json [OLD2.json ...] NEW.json`: a speed gate for CI between
+// `bench --json` reports (tools/bench_cmd.cpp), with no GPU needed. A row of one report is matched
+// to the row of the other with the same op, case name, direction and implementation, and compared
+// by its time relative to the yardstick measured in its own run:
 //   memory-bound rows   the time of a copy of its bytes at the run's copy bandwidth (pct_copy)
 //   GEMM-like, block    its roofline at the run's dense cuBLAS rate and copy bandwidth (pct_roof)
 // so two runs on boards of different clocks or power states compare what the kernel does with
 // the machine it had; --by time compares the medians as they are (one machine, same state).
 //
-// ratio = NEW's normalised time / OLD's (> 1: slower). A row is SLOWER when ratio > 1 +
-// max_slowdown and NEW's fastest sample, normalised the same way, is still slower than OLD's
-// median (one slow median among fast samples is noise, not a regression); FASTER when ratio <
-// 1 - max_slowdown. max_slowdown is a policy: set it above the run-to-run spread of the rows you
-// gate (docs/perf.md records this repository's on an H100: most rows within 1-2% between two
-// sessions' full runs, the skewed grouped forward 5-10% between calls).
+// ratio = NEW's normalised time / OLD's (> 1: slower; with several OLD reports, the slowest's). A
+// row is SLOWER when ratio > 1 + max_slowdown and NEW's fastest sample, normalised the same way, is
+// still slower than OLD's median (one slow median among fast samples is noise, not a regression);
+// FASTER when ratio < 1 - max_slowdown (with several OLD reports: NEW against the slowest for
+// SLOWER, the fastest for FASTER, and their spread is reported). max_slowdown is a policy: set it
+// above the run-to-run spread of the rows you gate (docs/perf.md records this repository's on an
+// H100: most rows within 1-2% between two sessions' full runs, the skewed grouped forward 5-10%
+// between calls).
 //
 // Exit status of the command: 0 no row SLOWER, none missing, every NEW row verified; 1 otherwise
 // (a row of OLD missing from NEW, unless --allow-missing; a NEW row that failed verification; a
@@ -43,12 +45,15 @@ struct RowComparison {
   double old_value = 0, new_value = 0;  // the metric in each report (0 where absent)
   double ratio = 0;                     // NEW's normalised time / OLD's; 0 where not compared
   double best_ratio = 0;                // NEW's fastest sample / OLD's median, normalised
-  std::string why;                      // for missing, unverified, incomparable
+  int baselines = 0;                    // OLD reports that have the row
+  double old_spread = 0;  // their fastest over their slowest, minus 1 (0 with one baseline)
+  std::string why;        // for missing, unverified, incomparable
 };
 
 struct BenchComparison {
-  std::string old_device, new_device;
-  std::string old_build, new_build;  // "VERSION (git REV)" where the report has them, else ""
+  int baselines = 1;                   // OLD reports
+  std::string old_device, new_device;  // OLD's: the first baseline's
+  std::string old_build, new_build;    // "VERSION (git REV)" where the report has them, else ""
   bool old_complete = true, new_complete = true;
   std::vector<RowComparison> rows;  // OLD's row order, then rows only NEW has
   std::vector<std::string> notes;
@@ -61,6 +66,16 @@ class BenchFileError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Against several runs of OLD (baselines, e.g. main's bench in a few CI runs): each row is judged
+// against the slowest baseline that has it (SLOWER only when NEW is slower than all of them) and
+// the fastest (FASTER only when faster than all), and reports their spread, the run-to-run
+// variation --max-slowdown has to cover.
+struct NamedReport {
+  nlohmann::json json;
+  std::string name;  // its path, for messages
+};
+BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedReport& neu,
+                              const BenchCompareOptions& o);
 BenchComparison compare_bench(const nlohmann::json& old_report, const std::string& old_name,
                               const nlohmann::json& new_report, const std::string& new_name,
                               const BenchCompareOptions& o);

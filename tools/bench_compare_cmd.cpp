@@ -1,10 +1,12 @@
-// `moe-harness bench-compare OLD.json NEW.json [--max-slowdown PCT] [--by yardstick|time]
-// [--allow-missing] [--json FILE]`: the speed gate of tools/bench_compare.h between two
-// `bench --json` reports. Runs anywhere (no GPU). Exit status: 0 no regression, 1 a row slower,
-// missing, unverified or incomparable, 2 bad usage or a file that is not a bench report.
+// `moe-harness bench-compare OLD.json [OLD2.json ...] NEW.json [--max-slowdown PCT]
+// [--by yardstick|time] [--allow-missing] [--json FILE]`: the speed gate of tools/bench_compare.h
+// between `bench --json` reports, the last one under test. Runs anywhere (no GPU). Exit status: 0
+// no regression, 1 a row slower, missing, unverified or incomparable, 2 bad usage or a file that is
+// not a bench report.
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tools/bench_compare.h"
 #include "tools/commands.h"
@@ -14,13 +16,19 @@ namespace moe::tools {
 void add_bench_compare_command(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand(
       "bench-compare",
-      "Compare two `bench --json` reports row by row: each row's time over its own run's "
-      "yardstick (copy bandwidth, roofline); fail on a slowdown beyond --max-slowdown");
-  static std::string old_path, new_path, by = "yardstick", json_path;
+      "Compare `bench --json` reports row by row (baselines, then the one under test): each "
+      "row's time over its own run's yardstick (copy bandwidth, roofline); fail on a slowdown "
+      "beyond --max-slowdown");
+  static std::vector<std::string> paths;
+  static std::string by = "yardstick", json_path;
   static double max_slowdown_pct = 5.0;
   static bool allow_missing = false;
-  cmd->add_option("OLD", old_path, "The baseline report (bench --json)")->required();
-  cmd->add_option("NEW", new_path, "The report under test")->required();
+  cmd->add_option("REPORTS", paths,
+                  "OLD.json [OLD2.json ...] NEW.json: one or more baseline reports (several runs "
+                  "of the baseline: a row fails only when slower than all of them), then the "
+                  "report under test")
+      ->required()
+      ->expected(2, -1);
   cmd->add_option("--max-slowdown", max_slowdown_pct,
                   "Percent more time (over the run's yardstick) a row may take before it fails; "
                   "set it above your rows' run-to-run spread")
@@ -38,11 +46,18 @@ void add_bench_compare_command(CLI::App& app, int& status) {
     o.by_time = by == "time";
     o.allow_missing = allow_missing;
     try {
-      const BenchComparison c = compare_bench(read_bench_report(old_path), old_path,
-                                              read_bench_report(new_path), new_path, o);
-      std::printf("OLD %s: %s%s%s\nNEW %s: %s%s%s\n", old_path.c_str(), c.old_device.c_str(),
-                  c.old_build.empty() ? "" : ", ", c.old_build.c_str(), new_path.c_str(),
-                  c.new_device.c_str(), c.new_build.empty() ? "" : ", ", c.new_build.c_str());
+      std::vector<NamedReport> olds;
+      for (size_t i = 0; i + 1 < paths.size(); ++i) {
+        olds.push_back({read_bench_report(paths[i]), paths[i]});
+      }
+      const NamedReport neu{read_bench_report(paths.back()), paths.back()};
+      const BenchComparison c = compare_bench(olds, neu, o);
+      std::printf(
+          "OLD %s%s: %s%s%s\nNEW %s: %s%s%s\n", paths.front().c_str(),
+          olds.size() > 1 ? (" and " + std::to_string(olds.size() - 1) + " more").c_str() : "",
+          c.old_device.c_str(), c.old_build.empty() ? "" : ", ", c.old_build.c_str(),
+          neu.name.c_str(), c.new_device.c_str(), c.new_build.empty() ? "" : ", ",
+          c.new_build.c_str());
       std::fputs(format_comparison(c, o).c_str(), stdout);
       if (!json_path.empty()) {
         std::ofstream f(json_path);

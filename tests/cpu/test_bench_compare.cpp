@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "tools/bench_compare.h"
 
@@ -153,6 +154,42 @@ TEST(BenchCompare, MissingUnverifiedAndChangedRowsFailAndAddedOnesDoNot) {
     EXPECT_EQ(c.rows.at(1).verdict, RowVerdict::added);
     EXPECT_FALSE(c.failed({}));
   }
+}
+
+// Several runs of the baseline: a row fails only when slower than the slowest of them (beyond
+// the allowance) and is faster only when faster than the fastest; their spread is reported.
+TEST(BenchCompare, SeveralBaselinesJudgeAgainstTheirRange) {
+  const json a = report("H100", {memory_row("a", 800, 795, 90), memory_row("b", 800, 795, 90)});
+  const json b = report("H100", {memory_row("a", 840, 835, 86), memory_row("b", 800, 795, 90)});
+  const json slow = report("H100", {memory_row("a", 905, 900, 80), memory_row("b", 800, 795, 90)});
+  const json fast = report("H100", {memory_row("a", 700, 695, 99), memory_row("b", 800, 795, 90)});
+  using moe::tools::NamedReport;
+  const std::vector<NamedReport> olds = {{a, "a.json"}, {b, "b.json"}};
+  // 90 and 86% in OLD: 80% is 7.5% slower than the slowest (86%), beyond 5%.
+  BenchComparison c = compare_bench(olds, {slow, "new.json"}, {});
+  EXPECT_EQ(c.baselines, 2);
+  ASSERT_EQ(c.rows.size(), 2u);
+  EXPECT_EQ(c.rows[0].verdict, RowVerdict::slower);
+  EXPECT_NEAR(c.rows[0].ratio, 86.0 / 80.0, 1e-12);
+  EXPECT_NEAR(c.rows[0].old_spread, 90.0 / 86.0 - 1, 1e-12);
+  EXPECT_EQ(c.rows[0].baselines, 2);
+  EXPECT_EQ(c.rows[1].verdict, RowVerdict::same);
+  EXPECT_THAT(moe::tools::format_comparison(c, {}),
+              HasSubstr("more time than the slowest of 2 OLD runs"));
+  // 88% sits between them: the same, though 2.3% slower than the faster run.
+  json mid = report("H100", {memory_row("a", 818, 815, 88), memory_row("b", 800, 795, 90)});
+  c = compare_bench(olds, {mid, "new.json"}, {});
+  EXPECT_EQ(c.rows.at(0).verdict, RowVerdict::same);
+  // Faster only against the fastest baseline: 99% is 10% faster than 90%.
+  c = compare_bench(olds, {fast, "new.json"}, {});
+  EXPECT_EQ(c.rows.at(0).verdict, RowVerdict::faster);
+  // A row of one baseline only is compared against that one; missing from NEW, it fails.
+  const json c3 = report("H100", {memory_row("a", 800, 795, 90), memory_row("b", 800, 795, 90),
+                                  memory_row("c", 800, 795, 90)});
+  c = compare_bench({{a, "a.json"}, {c3, "c.json"}}, {a, "new.json"}, {});
+  ASSERT_EQ(c.rows.size(), 3u);
+  EXPECT_EQ(c.rows[2].verdict, RowVerdict::missing);
+  EXPECT_THROW(compare_bench({}, {a, "new.json"}, {}), std::invalid_argument);
 }
 
 // Burst against sustained timing is noted (the clocks differ); so is a report without a build.

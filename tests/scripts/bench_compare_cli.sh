@@ -40,6 +40,9 @@ expect 2 'nope\.json: cannot be read' "$dir/old.json" "$dir/nope.json"
 expect 2 'bad\.json: results\[0\]\.op: expected a string' "$dir/old.json" "$dir/bad.json"
 expect 2 'max-slowdown' "$dir/old.json" "$dir/new.json" --max-slowdown -1
 expect 2 'by' "$dir/old.json" "$dir/new.json" --by speed
-expect 2 'NEW' "$dir/old.json"
+expect 2 'REPORTS' "$dir/old.json"
+# Two baselines, the second as slow as NEW: no row is slower than both.
+expect 0 'a +fwd +moe-gpu +pct_copy +80\.0% +80\.0% +1\.000 +12\.5% +same' "$dir/old.json" \
+  "$dir/new.json" "$dir/new.json"
 [[ $fail -eq 0 ]] && echo "bench_compare_cli: all passed"
 exit $fail
