@@ -10,7 +10,7 @@
 # Gates, each over what the mutated file affects (ops, test names, sanitizer family):
 #   check     moe-harness check --op OP --backend gpu|reference --cases N (plus the named cases)
 #   golden    moe-harness golden verify [--backend gpu] golden/data/OP__*.safetensors
-#   ctest     ctest -L gpu (gpu/ mutants) or -L cpu [and gpu] (reference/, harness/) -R <tests>
+#   ctest     ctest -L gpu (gpu/ mutants) or -L cpu [and gpu] (reference/, harness/, tools/) -R <tests>
 #   sanitize  the ctest label sanitize for the family (or scripts/gpu_sanitize.sh); GPU only
 # A gate "catches" a mutant when it fails (exit 2, a usage error, is reported as "err"). A gate
 # that fails on some mutant is also run on the unmutated tree (once per family, cached): if it
@@ -24,7 +24,7 @@
 #   --jobs N         N scratch trees, mutants of one file stay in one tree (default 1)
 #   --deadline S     start no mutant after S seconds; the rest are listed as untested
 #   --fast           stop at the first gate that catches a mutant (others: "skip")
-#   --cpu-only       only mutants of reference/ and harness/, CPU gates
+#   --cpu-only       only mutants of reference/, harness/ and tools/, CPU gates
 #   --gpu-only       only mutants of gpu/ (their reference/harness part runs with --cpu-only)
 #   --compile-only   apply and build each mutant, no gates (every CUDA mutant must compile)
 #   --prepare        sync, configure and build the trees and run the baselines, then stop
@@ -97,6 +97,7 @@ family_of() {
     gpu/swiglu_ffn.cu|reference/swiglu_ffn.cpp) echo ffn ;;
     gpu/moe_block.cu|reference/moe_block.cpp) echo block ;;
     harness/core/*) echo core ;;
+    tools/bench_compare.cpp) echo benchcmp ;;
     *) echo other ;;
   esac
 }
@@ -128,6 +129,7 @@ tests_of() {
     gemm) echo "GroupedGemm|SwigluFfn|FfnBound|GemmGpu|ChunkedGemm|Sm90Gemm|GemmImpl|$reg" ;;
     ffn) echo "SwigluFfn|FfnBound|GemmGpu|$reg" ;;
     block) echo "MoeBlock|Regression\.R(3|4|5|7|14)_|$reg" ;;
+    benchcmp) echo "BenchCompare|bench_compare_cli" ;;  # no op: check and golden skip
     *) echo "" ;;  # core: every test of the label
   esac
 }
@@ -256,6 +258,7 @@ gate_check() {  # tree family file log
   local bin="$1/build-mut/moe-harness" be=reference rc worst=0 op shrink=()
   [[ $fast -eq 1 ]] && shrink=(--no-shrink)  # the verdict is all --fast needs
   [[ $3 == gpu/* && $mode == gpu ]] && be=gpu
+  [[ -z $(ops_of "$2") ]] && { echo skip; return; }  # tools/: no op to check
   for op in $(ops_of "$2"); do
     timeout 600 "$bin" check --op "$op" --backend "$be" --cases "$cases" --seed 1 -j 4 \
       "${shrink[@]}" >>"$4" 2>&1
@@ -399,7 +402,10 @@ run_mutant() {  # job tree id class file
   # --compile-only builds the mutated library alone (no links): enough to prove it compiles.
   local tg; tg=$(targets "$t/build-mut")
   if [[ $mode == compile ]]; then
-    case $file in gpu/*) tg=moe_gpu ;; reference/*) tg=moe_reference ;; harness/core/*) tg=moe_core ;; esac
+    case $file in
+      gpu/*) tg=moe_gpu ;; reference/*) tg=moe_reference ;; harness/core/*) tg=moe_core ;;
+      tools/*) tg=moe-harness ;;
+    esac
   fi
   if ! cmake --build "$t/build-mut" -j "$per" --target $tg >"$lg/build.log" 2>&1; then
     cp "$work/orig-$j" "$t/$file"

@@ -497,6 +497,24 @@ M = [
      "bulk::copy_s2g(out + sl.row * row_bytes,",
      "dispatch forward, bulk-copy kernel: every column chunk of x's row lands at the start of the "
      "destination row (rows over 16 KiB)"),
+    # ---- tools/: the speed gate (bench-compare), CPU gates only ---------------------------------
+    ("096", "benchcmp_no_noise_guard", "gate", "tools/bench_compare.cpp", 1,
+     "c.ratio > 1 + opt.max_slowdown && c.best_ratio > 1",
+     "c.ratio > 1 + opt.max_slowdown",
+     "bench-compare: a slow median is SLOWER even when NEW's fastest sample beats OLD's median"),
+    ("097", "benchcmp_copy_ratio_inverted", "formula", "tools/bench_compare.cpp", 1,
+     "return metric == \"pct_copy\" ? r.pct_copy",
+     "return metric == \"pct_copy\" ? 1.0 / r.pct_copy",
+     "bench-compare: a memory-bound row's speed taken as 1 / its % of copy (slower reads "
+     "faster)"),
+    ("098", "benchcmp_missing_passes", "gate", "tools/bench_compare.cpp", 1,
+     "        if (!o.allow_missing) return true;\n",
+     "",
+     "bench-compare: a row of OLD missing from NEW no longer fails the comparison"),
+    ("099", "benchcmp_bytes_unchecked", "gate", "tools/bench_compare.cpp", 1,
+     "!same_count(o->bytes, n.bytes) ||",
+     "",
+     "bench-compare: a row whose bytes changed is compared as if it were the same work"),
 ]
 
 
