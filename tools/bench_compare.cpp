@@ -267,12 +267,21 @@ BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedR
   for (const Report& a : as) c.old_complete = c.old_complete && a.complete;
   c.new_complete = b.complete;
   std::map<Key, const Row*> in_new;
-  for (const Row& r : b.rows) in_new[key_of(r)] = &r;
+  const auto kept = [&o](const Row& r) {
+    const auto in = [](const std::vector<std::string>& v, const std::string& x) {
+      return v.empty() || std::find(v.begin(), v.end(), x) != v.end();
+    };
+    return in(o.ops, r.op) && in(o.impls, r.impl);
+  };
+  for (const Row& r : b.rows) {
+    if (kept(r)) in_new[key_of(r)] = &r;
+  }
   // Every key of the baselines in the order of first appearance, with its rows.
   std::vector<Key> order;
   std::map<Key, std::vector<const Row*>> in_old;
   for (const Report& a : as) {
     for (const Row& r : a.rows) {
+      if (!kept(r)) continue;
       auto& v = in_old[key_of(r)];
       if (v.empty()) order.push_back(key_of(r));
       v.push_back(&r);
@@ -300,7 +309,7 @@ BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedR
     }
   }
   for (const Row& r : b.rows) {
-    if (in_old.count(key_of(r))) continue;
+    if (!kept(r) || in_old.count(key_of(r))) continue;
     c.rows.push_back(
         r.verified ? listed(r, RowVerdict::added, "only in NEW")
                    : listed(r, RowVerdict::unverified, "only in NEW, and it failed verification"));
@@ -325,6 +334,30 @@ BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedR
                         (o.by_time ? ": --by time compares their times as they are"
                                    : ": each row is compared against its own run's yardstick"));
     }
+  }
+  // A filter that names nothing in the reports, or a comparison of no rows, would pass while
+  // gating nothing: both are usage errors.
+  const auto named = [&](const std::vector<std::string>& want, const char* flag, bool by_op) {
+    for (const std::string& w : want) {
+      const auto has = [&](const Report& rep) {
+        for (const Row& r : rep.rows) {
+          if ((by_op ? r.op : r.impl) == w) return true;
+        }
+        return false;
+      };
+      bool found = has(b);
+      for (const Report& a : as) found = found || has(a);
+      if (!found) {
+        throw std::invalid_argument(std::string(flag) + " " + w + ": no row of the reports has it");
+      }
+    }
+  };
+  named(o.ops, "--op", true);
+  named(o.impls, "--impl", false);
+  if (c.rows.empty()) {
+    throw std::invalid_argument(
+        "no rows to compare" +
+        std::string(o.ops.empty() && o.impls.empty() ? "" : " under the --op / --impl filters"));
   }
   return c;
 }

@@ -18,8 +18,9 @@
 //
 // Exit status of the command: 0 no row SLOWER, none missing, every NEW row verified; 1 otherwise
 // (a row of OLD missing from NEW, unless --allow-missing; a NEW row that failed verification; a
-// row whose bytes, FLOPs or case line changed, which cannot be compared); 2 bad usage or a file
-// that is not a bench report (its path and the field named).
+// row whose bytes, FLOPs or case line changed, which cannot be compared); 2 bad usage (an --op or
+// --impl no row has, no row left to compare) or a file that is not a bench report (its path and
+// the field named).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -33,6 +34,9 @@ struct BenchCompareOptions {
   double max_slowdown = 0.05;  // fraction: 0.05 = 5%
   bool by_time = false;        // compare median_us as they are
   bool allow_missing = false;  // a row of OLD absent from NEW is a note, not a failure
+  // Only rows of these ops / implementations (empty: all): e.g. a plugin's CI gates its own
+  // kernel's rows and not moe-gpu's. The others are left out, not missing.
+  std::vector<std::string> ops, impls;
 };
 
 enum class RowVerdict { same, slower, faster, missing, added, unverified, incomparable };

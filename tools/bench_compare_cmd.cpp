@@ -1,8 +1,8 @@
 // `moe-harness bench-compare OLD.json [OLD2.json ...] NEW.json [--max-slowdown PCT]
-// [--by yardstick|time] [--allow-missing] [--json FILE]`: the speed gate of tools/bench_compare.h
-// between `bench --json` reports, the last one under test. Runs anywhere (no GPU). Exit status: 0
-// no regression, 1 a row slower, missing, unverified or incomparable, 2 bad usage or a file that is
-// not a bench report.
+// [--by yardstick|time] [--allow-missing] [--op NAME]... [--impl NAME]... [--json FILE]`: the speed
+// gate of tools/bench_compare.h between `bench --json` reports, the last one under test. Runs
+// anywhere (no GPU). Exit status: 0 no regression, 1 a row slower, missing, unverified or
+// incomparable, 2 bad usage or a file that is not a bench report.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -19,7 +19,7 @@ void add_bench_compare_command(CLI::App& app, int& status) {
       "Compare `bench --json` reports row by row (baselines, then the one under test): each "
       "row's time over its own run's yardstick (copy bandwidth, roofline); fail on a slowdown "
       "beyond --max-slowdown");
-  static std::vector<std::string> paths;
+  static std::vector<std::string> paths, ops, impls;
   static std::string by = "yardstick", json_path;
   static double max_slowdown_pct = 5.0;
   static bool allow_missing = false;
@@ -39,12 +39,18 @@ void add_bench_compare_command(CLI::App& app, int& status) {
       ->check(CLI::IsMember({"yardstick", "time"}));
   cmd->add_flag("--allow-missing", allow_missing,
                 "A row of OLD absent from NEW is reported, not a failure");
+  cmd->add_option("--op", ops, "Only the rows of this op (repeatable)");
+  cmd->add_option("--impl", impls,
+                  "Only the rows of this implementation (repeatable; e.g. a plugin's, to gate "
+                  "its rows and not moe-gpu's)");
   cmd->add_option("--json", json_path, "Also write the comparison to this JSON file");
   cmd->callback([&status] {
     BenchCompareOptions o;
     o.max_slowdown = max_slowdown_pct / 100.0;
     o.by_time = by == "time";
     o.allow_missing = allow_missing;
+    o.ops = ops;
+    o.impls = impls;
     try {
       std::vector<NamedReport> olds;
       for (size_t i = 0; i + 1 < paths.size(); ++i) {

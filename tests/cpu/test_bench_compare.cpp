@@ -192,6 +192,47 @@ TEST(BenchCompare, SeveralBaselinesJudgeAgainstTheirRange) {
   EXPECT_THROW(compare_bench({}, {a, "new.json"}, {}), std::invalid_argument);
 }
 
+// --op / --impl keep some rows (the others are left out, not missing); a filter that names
+// nothing in the reports, or nothing left to compare, is a usage error, never a silent pass.
+TEST(BenchCompare, FiltersKeepRowsAndAFilterOfNothingIsAnError) {
+  json theirs = memory_row("a", 900, 890, 80);  // a plugin's row, slower
+  theirs["impl"] = "mine";
+  json gone = memory_row("b", 800, 795, 90);  // a moe-gpu row NEW lacks
+  const json a = report("H100", {memory_row("a", 800, 795, 90), gone, theirs});
+  json theirs_new = theirs;
+  theirs_new["pct_copy"] = 90.0;
+  theirs_new["median_us"] = 800.0;
+  theirs_new["min_us"] = 795.0;
+  const json b = report("H100", {memory_row("a", 800, 795, 90), theirs_new});
+  BenchCompareOptions o;
+  o.impls = {"mine"};
+  const BenchComparison c = cmp(a, b, o);
+  ASSERT_EQ(c.rows.size(), 1u);
+  EXPECT_EQ(c.rows[0].impl, "mine");
+  EXPECT_EQ(c.rows[0].verdict, RowVerdict::faster);
+  EXPECT_FALSE(c.failed(o));  // moe-gpu's missing row b is not gated
+  EXPECT_TRUE(cmp(a, b).failed({}));
+  o = {};
+  o.ops = {"token_combine"};
+  EXPECT_EQ(cmp(a, b, o).rows.size(), 3u);
+  const auto error_of = [&](BenchCompareOptions f, const json& x, const json& y) {
+    try {
+      cmp(x, y, f);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  o = {};
+  o.impls = {"mine", "mien"};
+  EXPECT_THAT(error_of(o, a, b), HasSubstr("--impl mien: no row of the reports has it"));
+  o = {};
+  o.ops = {"grouped_gemm"};
+  EXPECT_THAT(error_of(o, a, b), HasSubstr("--op grouped_gemm: no row"));
+  EXPECT_THAT(error_of({}, report("H100", {}), report("H100", {})),
+              HasSubstr("no rows to compare"));
+}
+
 // Burst against sustained timing is noted (the clocks differ); so is a report without a build.
 TEST(BenchCompare, ADifferentWarmUpIsNoted) {
   json b = report("H100", {memory_row("a", 800, 790, 90)});

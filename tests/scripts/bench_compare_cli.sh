@@ -41,6 +41,9 @@ expect 2 'bad\.json: results\[0\]\.op: expected a string' "$dir/old.json" "$dir/
 expect 2 'max-slowdown' "$dir/old.json" "$dir/new.json" --max-slowdown -1
 expect 2 'by' "$dir/old.json" "$dir/new.json" --by speed
 expect 2 'REPORTS' "$dir/old.json"
+expect 2 '--impl nobody: no row of the reports has it' "$dir/old.json" "$dir/new.json" --impl nobody
+expect 0 '2 rows: 0 slower.*: ok$' "$dir/old.json" "$dir/new.json" --op token_combine --impl moe-gpu \
+  --max-slowdown 20
 # Two baselines, the second as slow as NEW: no row is slower than both.
 expect 0 'a +fwd +moe-gpu +pct_copy +80\.0% +80\.0% +1\.000 +12\.5% +same' "$dir/old.json" \
   "$dir/new.json" "$dir/new.json"
