@@ -10,7 +10,8 @@
 # Gates, each over what the mutated file affects (ops, test names, sanitizer family):
 #   check     moe-harness check --op OP --backend gpu|reference --cases N (plus the named cases)
 #   golden    moe-harness golden verify [--backend gpu] golden/data/OP__*.safetensors
-#   ctest     ctest -L gpu (gpu/ mutants) or -L cpu [and gpu] (reference/, harness/, tools/) -R <tests>
+#   ctest     ctest -L gpu (gpu/ mutants) or -L cpu [and gpu] (reference/, harness/, tools/)
+#             -R <tests>
 #   sanitize  the ctest label sanitize for the family (or scripts/gpu_sanitize.sh); GPU only
 # A gate "catches" a mutant when it fails (exit 2, a usage error, is reported as "err"). A gate
 # that fails on some mutant is also run on the unmutated tree (once per family, cached): if it

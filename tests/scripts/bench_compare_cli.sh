@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `moe-harness bench-compare`'s exit codes and messages (ctest bench_compare_cli; no GPU):
-# 0 for the same report, 1 for a row slower beyond --max-slowdown (and 0 with a wider one),
-# 2 for an unreadable file, a file that is not a report (the field named) and a bad option.
+# 0 for the same report, 1 for a row slower beyond --max-slowdown (and 0 with a wider one, or
+# with a second baseline as slow), 2 for an unreadable file, a file that is not a report (the
+# field named), a bad option and an --impl filter that matches no row.
 # Usage: bench_compare_cli.sh PATH/TO/moe-harness
 set -u
 bin=$1
