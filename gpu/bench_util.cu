@@ -392,10 +392,10 @@ cudaDataType_t blas_type(DType d) {
   throw std::invalid_argument("dense GEMM: unsupported dtype " + std::string(dtype_name(d)));
 }
 
-int blas_int(int64_t v, const char* what) {
+// v as a cuBLAS int; `what` names it in the error ("dense GEMM: m", "batched GEMM: product 1 k").
+int blas_int(int64_t v, const std::string& what) {
   if (v < 1 || v > INT_MAX) {
-    throw std::invalid_argument(std::string("dense GEMM: ") + what + " = " + std::to_string(v) +
-                                " outside [1, INT_MAX]");
+    throw std::invalid_argument(what + " = " + std::to_string(v) + " outside [1, INT_MAX]");
   }
   return static_cast<int>(v);
 }
@@ -443,7 +443,8 @@ struct BenchBlas {
 
 DenseGemmTiming time_dense_gemm(DType d, int64_t m, int64_t k, int64_t n, bool with_bwd,
                                 int samples) {
-  const int M = blas_int(m, "m"), K = blas_int(k, "k"), N = blas_int(n, "n");
+  const int M = blas_int(m, "dense GEMM: m"), K = blas_int(k, "dense GEMM: k"),
+            N = blas_int(n, "dense GEMM: n");
   const cudaDataType_t t = blas_type(d);
   auto st = reinterpret_cast<cudaStream_t>(bench_stream());
   DenseGemmTiming r;
@@ -491,12 +492,10 @@ BatchedGemms::BatchedGemms(DType d, std::vector<BatchedProduct> products, bool w
   blas_type(d);
   for (size_t p = 0; p < products_.size(); ++p) {
     const BatchedProduct& q = products_[p];
+    const std::string at = "batched GEMM: product " + std::to_string(p) + " ";
     for (const auto& [v, f] : {std::pair{q.batch, "batch"}, std::pair{q.m, "m"},
                                std::pair{q.k, "k"}, std::pair{q.n, "n"}}) {
-      if (v < 1 || v > INT_MAX) {
-        throw std::invalid_argument("batched GEMM: product " + std::to_string(p) + " " + f + " = " +
-                                    std::to_string(v) + " outside [1, INT_MAX]");
-      }
+      blas_int(v, at + f);
     }
     if (q.a_from < -1 || q.a_from >= static_cast<int>(p)) {
       throw std::invalid_argument("batched GEMM: product " + std::to_string(p) + " a_from = " +

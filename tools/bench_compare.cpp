@@ -145,15 +145,23 @@ double shown_value(const Row& r, const std::string& metric) {
   return metric == "time" ? r.median_us : speed(r, metric);
 }
 
+// A comparison of row r, its verdict and why (the rest to fill).
+RowComparison listed(const Row& r, RowVerdict v = RowVerdict::same, const std::string& why = "") {
+  RowComparison m;
+  m.op = r.op;
+  m.name = r.name;
+  m.dir = r.dir;
+  m.impl = r.impl;
+  m.kind = r.kind;
+  m.verdict = v;
+  m.why = why;
+  return m;
+}
+
 // NEW's row against the same row of each baseline that has it (at least one).
 RowComparison compare_row(const std::vector<const Row*>& olds, const Row& n,
                           const BenchCompareOptions& opt) {
-  RowComparison c;
-  c.op = n.op;
-  c.name = n.name;
-  c.dir = n.dir;
-  c.impl = n.impl;
-  c.kind = n.kind;
+  RowComparison c = listed(n);
   c.baselines = static_cast<int>(olds.size());
   if (!n.verified) {
     c.verdict = RowVerdict::unverified;
@@ -287,17 +295,6 @@ BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedR
       v.push_back(&r);
     }
   }
-  const auto listed = [](const Row& r, RowVerdict v, const std::string& why) {
-    RowComparison m;
-    m.op = r.op;
-    m.name = r.name;
-    m.dir = r.dir;
-    m.impl = r.impl;
-    m.kind = r.kind;
-    m.verdict = v;
-    m.why = why;
-    return m;
-  };
   for (const Key& k : order) {
     const std::vector<const Row*>& rows = in_old[k];
     const auto it = in_new.find(k);
