@@ -63,7 +63,7 @@ if(MOE_BUILD_TESTS)
   # dependencies (on the GPU machine: export LD_LIBRARY_PATH=$(bash .te/unpack_te.sh .te)).
   add_test(NAME te_router_conformance
            COMMAND sh ${_moe_te_script} run $<TARGET_FILE:moe-harness>
-                   $<TARGET_FILE:moe_te_plugin> ${_moe_te_lib})
+                   $<TARGET_FILE:moe_te_plugin> ${_moe_te_lib} ${PROJECT_SOURCE_DIR})
   set_tests_properties(te_router_conformance PROPERTIES LABELS "gpu;te" SKIP_RETURN_CODE 77
                                                         TIMEOUT 1800)
 endif()

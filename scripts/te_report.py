@@ -19,11 +19,15 @@ import sys
 
 
 def load(path):
+    """A result file's JSON; None when it is not there. A malformed one ends the run (exit 2)."""
     try:
         with open(path) as f:
             return json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except (OSError, ValueError) as e:
+        print(f"te_report: {path}: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def signature(op, ties, report):
