@@ -100,6 +100,25 @@ print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))
 DEV = "cuda"
 
 
+# sqrt(softplus(x)) with the gradient sigmoid(x) / (2 sqrt(softplus(x))) kept finite. Plain
+# autograd of torch.sqrt(F.softplus(x)) gives NaN where softplus underflows to 0 in fp32 (x below
+# about -104, the large_magnitude cases): sqrt's derivative there is inf, and inf times the zero
+# gradient of an unselected expert is NaN, which the harness reports (session 34, on an H200).
+# Where softplus is 0 the derivative's limit exp(x / 2) / 2 is used instead.
+class SqrtSoftplus(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = torch.sqrt(F.softplus(x, beta=1.0, threshold=20.0))
+        ctx.save_for_backward(x, s)
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        x, s = ctx.saved_tensors
+        d = torch.where(s > 0, torch.sigmoid(x) / (2 * s), 0.5 * torch.exp(0.5 * x))
+        return g * d
+
+
 # ---- topk_router, PyTorch eager (SPEC §1): torch.topk for selection, autograd for the backward
 def torch_router(case, inputs, outputs):
     p = case.spec_params
@@ -114,7 +133,7 @@ def torch_router(case, inputs, outputs):
     elif sf == "sigmoid":
         s = torch.sigmoid(x)
     else:
-        s = torch.sqrt(F.softplus(x, beta=1.0, threshold=20.0))
+        s = SqrtSoftplus.apply(x)
     with torch.no_grad():
         z = s + b if b is not None else s.clone()
         if gk > 0:
