@@ -61,6 +61,13 @@ Case cut_rows(const Case& c, int64_t max_rows) {
   return s;
 }
 
+// 256 groups of exactly 256 rows: the work of the uniform case without its ragged tails, and of
+// cuBLAS's strided-batched yardstick, so the two compare kernel to kernel.
+Case even(Case c) {
+  c.set("even_groups", true);
+  return c;
+}
+
 }  // namespace
 
 int64_t batched_rows(const Case& c, const gpu::GroupPlan& p) {
@@ -76,7 +83,8 @@ std::vector<Case> grouped_gemm_full_bench_cases() {
   return {gemm_bench_case("mixtral_uniform", Regime::uniform, 8, 32768, 4096, 14336),
           gemm_bench_case("mixtral_skewed", Regime::skewed, 8, 32768, 4096, 14336),
           gemm_bench_case("deepseek_uniform", Regime::uniform, 256, 65536, 7168, 2048),
-          gemm_bench_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048)};
+          gemm_bench_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048),
+          even(gemm_bench_case("deepseek_even", Regime::uniform, 256, 65536, 7168, 2048))};
 }
 
 Case grouped_gemm_bench_verify_case(const Case& c) {
@@ -136,7 +144,8 @@ std::vector<Case> swiglu_expert_ffn_full_bench_cases() {
   return {ffn_bench_case("mixtral_uniform", Regime::uniform, 8, 32768, 4096, 14336),
           ffn_bench_case("mixtral_skewed", Regime::skewed, 8, 32768, 4096, 14336),
           ffn_bench_case("deepseek_uniform", Regime::uniform, 256, 65536, 7168, 2048),
-          ffn_bench_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048)};
+          ffn_bench_case("deepseek_skewed", Regime::skewed, 256, 65536, 7168, 2048),
+          even(ffn_bench_case("deepseek_even", Regime::uniform, 256, 65536, 7168, 2048))};
 }
 
 Case swiglu_expert_ffn_bench_verify_case(const Case& c) {

@@ -41,6 +41,10 @@ std::vector<int64_t> make_group_sizes(const Case& c, int64_t groups, int64_t tot
                                       const std::string& name) {
   std::vector<int64_t> sizes(groups, 0);
   if (groups == 0) return sizes;
+  if (c.b("even_groups", false)) {
+    for (int64_t g = 0; g < groups; ++g) sizes[g] = total / groups + (g < total % groups ? 1 : 0);
+    return sizes;
+  }
   // One route per row (K = 1) through the shared regime generator.
   for (const auto& r : make_routes(c, total, groups, 1, false, name)) ++sizes[r.at(0)];
   return sizes;

@@ -19,7 +19,9 @@ std::vector<Tensor> unstack(const Tensor& t);
 
 // Sizes of `groups` buckets summing to `total`, distributed per the case's regime from
 // (c.seed, name): uniform, skewed (low ids take most), zero_tokens (about half the buckets stay
-// empty), all_to_one (one bucket takes everything).
+// empty), all_to_one (one bucket takes everything). Case key even_groups=true overrides the regime:
+// every bucket total / groups, the first total % groups one more (capacity-padded or
+// expert-choice routing; the shape a strided-batched GEMM runs, bench's vendor yardstick).
 std::vector<int64_t> make_group_sizes(const Case& c, int64_t groups, int64_t total,
                                       const std::string& name);
 

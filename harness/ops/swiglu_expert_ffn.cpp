@@ -55,6 +55,7 @@ std::vector<Case> named() {
   v.push_back(base("linear", DType::f32, 3, 17, 8, 8, 3, false).set("activation", "linear"));
   v.push_back(base("zero_rows", DType::f16, 2, 0, 8, 8, 0, true));
   v.push_back(base("r3_shape", DType::bf16, 4, 184, 32, 64, 56, false));
+  v.push_back(base("even_groups", DType::bf16, 4, 70, 16, 32, 3, false).set("even_groups", true));
   return v;
 }
 

@@ -10,6 +10,7 @@
 
 #include "harness/core/rng.h"
 #include "harness/ops/check.h"
+#include "harness/ops/record.h"
 #include "harness/ops/registry.h"
 #include "reference/grouped_gemm.h"
 #include "reference/swiglu_ffn.h"
@@ -306,4 +307,40 @@ TEST(SwigluFfn, ErrorNegativeGroupSize) {
         ref::swiglu_expert_ffn_fwd(in.x, sizes({4, -1}), in.weights(false), Activation::silu);
       }),
       HasSubstr("group_sizes"));
+}
+
+// even_groups=true (the bench's deepseek_even cases): every group total / G rows, the first
+// total % G one more, whatever the regime; the named cases run it through both ops' inputs.
+TEST(GroupSizes, EvenGroupsSplitTheRowsEquallyWithTheRemainderFirst) {
+  for (const char* op : {"grouped_gemm", "swiglu_expert_ffn"}) {
+    const ops::OpInfo* info = ops::find_op(op);
+    ASSERT_NE(info, nullptr) << op;
+    bool seen = false;
+    for (const Case& c : info->named()) {
+      if (!c.b("even_groups", false)) continue;
+      seen = true;
+      const TensorMap in = info->make_inputs(c);
+      const Tensor& gs = in.at("input.group_sizes");
+      const int64_t G = c.i("G"), used = c.i("M_total") - c.i("tail");
+      ASSERT_EQ(gs.numel(), G) << op;
+      for (int64_t g = 0; g < G; ++g) {
+        EXPECT_EQ(gs.at(g), static_cast<double>(used / G + (g < used % G ? 1 : 0)))
+            << op << " group " << g << " of " << c.line();
+      }
+      EXPECT_GT(used % G, 0) << op << ": the case should exercise the remainder";
+    }
+    EXPECT_TRUE(seen) << op << " has no named even_groups case";
+  }
+  // The regime's draw for the same case without the key is not even: the key is what decides.
+  Case c = ops::CaseBuilder("grouped_gemm", DType::bf16).seed(23).set("G", int64_t{8});
+  c.set("M_total", int64_t{800}).set("K_d", int64_t{4}).set("N", int64_t{4});
+  const TensorMap drawn_in = ops::find_op("grouped_gemm")->make_inputs(c);
+  const Tensor& drawn = drawn_in.at("input.group_sizes");
+  bool uneven = false;
+  for (int64_t g = 0; g < 8; ++g) uneven |= drawn.at(g) != 100.0;
+  EXPECT_TRUE(uneven);
+  c.set("even_groups", true);
+  const TensorMap even_in = ops::find_op("grouped_gemm")->make_inputs(c);
+  const Tensor& even = even_in.at("input.group_sizes");
+  for (int64_t g = 0; g < 8; ++g) EXPECT_EQ(even.at(g), 100.0) << g;
 }
