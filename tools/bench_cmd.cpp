@@ -24,7 +24,8 @@
 //                           on its products with the groups evened out (same FLOPs and bytes),
 //                           the vendor's time for that work (a line under the rows; JSON
 //                           "batched": products, median_us, time_ratio = the row's time /
-//                           cuBLAS's, < 1 faster)
+//                           cuBLAS's, < 1 faster; min_us, min_ratio the same at the fastest
+//                           samples, which hold still where clocks swing, e.g. an H200's)
 //   token-level (tokens)    fwd, fwd+bwd rows: tokens/s (and TFLOP/s from cost flops); a dense
 //                           shape it carries (the block: its FFN's equal-FLOP GEMM) is timed
 //                           only for the roofline's rate
@@ -153,8 +154,10 @@ struct Result {
   double dense_us = 0, dense_tflops = 0, pct_dense = 0;  // GEMM-like rows (rate: token-level)
   int64_t dense_m = 0, dense_k = 0, dense_n = 0;
   // Uniform GEMM-like rows: cuBLAS strided-batched on the same products (OpInfo::Bench::batched),
-  // its time in the row's direction and the row's time over it (< 1: faster than cuBLAS).
-  double batched_us = 0, batched_ratio = 0;
+  // its time in the row's direction and the row's time over it (< 1: faster than cuBLAS); the
+  // same at the fastest samples (on an H200, three runs of deepseek_even: cuBLAS's forward
+  // medians 3239-4940 us, our row's 2917-3344, its minima 2904-2909: session 34).
+  double batched_us = 0, batched_ratio = 0, batched_min_us = 0, batched_min_ratio = 0;
   std::string batched_shapes;
   double tokens = 0, tokens_per_s = 0;  // token-level rows
   // Roofline (GEMM-like and token-level rows with a dense rate; 0 = none, printed "-").
@@ -277,7 +280,9 @@ nlohmann::json to_json(const Result& r) {
   if (r.batched_us > 0) {
     j["batched"] = {{"products", r.batched_shapes},
                     {"median_us", r.batched_us},
-                    {"time_ratio", r.batched_ratio}};
+                    {"time_ratio", r.batched_ratio},
+                    {"min_us", r.batched_min_us},
+                    {"min_ratio", r.batched_min_ratio}};
   }
   if (r.kind != "memory") {
     j["roof_us"] = r.roof_us > 0 ? nlohmann::json(r.roof_us) : nlohmann::json(nullptr);
@@ -339,6 +344,8 @@ void time_batched(DType d, const std::vector<ops::OpInfo::Bench::BatchedProduct>
     if (bt.samples == 0 || !(r.median_us > 0)) continue;
     r.batched_us = bt.median_ms * 1e3;
     r.batched_ratio = r.median_us / r.batched_us;
+    r.batched_min_us = bt.min_ms * 1e3;
+    r.batched_min_ratio = r.batched_min_us > 0 ? r.min_us / r.batched_min_us : 0;
     r.batched_shapes = shapes;
   }
 }
@@ -349,8 +356,9 @@ void print_batched(const std::vector<Result>& rows) {
               rows.front().batched_shapes.c_str());
   for (const Result& r : rows) {
     if (r.batched_us > 0) {
-      std::printf(" %s %.1f us (this row %.3fx its time);",
-                  r.dir == "fwd" ? "fwd" : "fwd+dgrad+wgrad", r.batched_us, r.batched_ratio);
+      std::printf(" %s %.1f us, min %.1f (this row %.3fx its time, %.3fx at the minima);",
+                  r.dir == "fwd" ? "fwd" : "fwd+dgrad+wgrad", r.batched_us, r.batched_min_us,
+                  r.batched_ratio, r.batched_min_ratio);
     }
   }
   std::printf("\n");
@@ -698,6 +706,8 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
     if (both && both->batched_us > 0) {  // and cuBLAS strided-batched on the same products
       r.batched_us = both->batched_us;
       r.batched_ratio = r.median_us / r.batched_us;
+      r.batched_min_us = both->batched_min_us;
+      r.batched_min_ratio = r.batched_min_us > 0 ? r.min_us / r.batched_min_us : 0;
       r.batched_shapes = both->batched_shapes;
     }
     set_roofline(r, cost, copy.gbps);  // at the same rate and bandwidth as moe-gpu's rows
