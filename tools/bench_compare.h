@@ -5,7 +5,11 @@
 //   memory-bound rows   the time of a copy of its bytes at the run's copy bandwidth (pct_copy)
 //   GEMM-like, block    its roofline at the run's dense cuBLAS rate and copy bandwidth (pct_roof)
 // so two runs on boards of different clocks or power states compare what the kernel does with
-// the machine it had; --by time compares the medians as they are (one machine, same state).
+// the machine it had; --by time compares the medians as they are (one machine, same state);
+// --by min the fastest samples as they are: on a board whose clocks swing (an H200 in session 34:
+// one GEMM case's medians 3305-3745 us in five runs, its fastest samples 3213-3303) the minimum is
+// the steadier statistic, and the medians' noise guard below lets a real slowdown through where
+// OLD's median swung up; the price: a slowdown that spares the fastest sample goes unseen.
 //
 // ratio = NEW's normalised time / OLD's (> 1: slower; with several OLD reports, the slowest's). A
 // row is SLOWER when ratio > 1 + max_slowdown and NEW's fastest sample, normalised the same way, is
@@ -33,6 +37,7 @@ namespace moe::tools {
 struct BenchCompareOptions {
   double max_slowdown = 0.05;  // fraction: 0.05 = 5%
   bool by_time = false;        // compare median_us as they are
+  bool by_min = false;  // compare min_us (the fastest samples) as they are; wins over by_time
   bool allow_missing = false;  // a row of OLD absent from NEW is a note, not a failure
   // Only rows of these ops / implementations (empty: all): e.g. a plugin's CI gates its own
   // kernel's rows and not moe-gpu's. The others are left out, not missing.
@@ -44,7 +49,7 @@ const char* verdict_name(RowVerdict v);
 
 struct RowComparison {
   std::string op, name, dir, impl, kind;
-  std::string metric;  // "pct_copy", "pct_roof" or "time"
+  std::string metric;  // "pct_copy", "pct_roof", "time" (medians) or "min" (fastest samples)
   RowVerdict verdict = RowVerdict::same;
   double old_value = 0, new_value = 0;  // the metric in each report (0 where absent)
   double ratio = 0;                     // NEW's normalised time / OLD's; 0 where not compared

@@ -1,6 +1,6 @@
 // `moe-harness bench-compare OLD.json [OLD2.json ...] NEW.json [--max-slowdown PCT]
-// [--by yardstick|time] [--allow-missing] [--op NAME]... [--impl NAME]... [--json FILE]`: the speed
-// gate of tools/bench_compare.h between `bench --json` reports, the last one under test. Runs
+// [--by yardstick|time|min] [--allow-missing] [--op NAME]... [--impl NAME]... [--json FILE]`: the
+// speed gate of tools/bench_compare.h between `bench --json` reports, the last one under test. Runs
 // anywhere (no GPU). Exit status: 0 no regression, 1 a row slower, missing, unverified or
 // incomparable, 2 bad usage or a file that is not a bench report.
 #include <cstdio>
@@ -35,8 +35,9 @@ void add_bench_compare_command(CLI::App& app, int& status) {
       ->check(CLI::Range(0.0, 999.0));
   cmd->add_option("--by", by,
                   "yardstick: each row's time over its run's copy bandwidth or roofline; time: "
-                  "the medians as they are (same machine, same state)")
-      ->check(CLI::IsMember({"yardstick", "time"}));
+                  "the medians as they are (same machine, same state); min: the fastest "
+                  "samples as they are (steadier where clocks swing, e.g. an H200)")
+      ->check(CLI::IsMember({"yardstick", "time", "min"}));
   cmd->add_flag("--allow-missing", allow_missing,
                 "A row of OLD absent from NEW is reported, not a failure");
   cmd->add_option("--op", ops, "Only the rows of this op (repeatable)");
@@ -48,6 +49,7 @@ void add_bench_compare_command(CLI::App& app, int& status) {
     BenchCompareOptions o;
     o.max_slowdown = max_slowdown_pct / 100.0;
     o.by_time = by == "time";
+    o.by_min = by == "min";
     o.allow_missing = allow_missing;
     o.ops = ops;
     o.impls = impls;

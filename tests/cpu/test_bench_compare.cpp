@@ -111,6 +111,39 @@ TEST(BenchCompare, TheYardstickTakesOutTheMachineAndByTimeDoesNot) {
   EXPECT_EQ(d.rows[0].verdict, RowVerdict::slower);
 }
 
+// --by min: the fastest samples as they are. On a board whose medians swing (an H200, session 34:
+// one case's medians 3305-3745 us, its fastest samples 3213-3303), a baseline whose median swung
+// up hides a real 10% slowdown from the medians' noise guard (NEW's fastest sample is not slower
+// than that median); the minima catch it, and pass the swing itself.
+TEST(BenchCompare, ByTheFastestSamplesTheMinimaDecide) {
+  const json swung = report("H200", {gemm_row("ds_u", 3745, 3293, 66.0)});
+  const json slower = report("H200", {gemm_row("ds_u", 4100, 3620, 60.0)});
+  BenchCompareOptions t, m;
+  t.by_time = true;
+  m.by_min = true;
+  m.by_time = true;  // by_min wins
+  const BenchComparison by_time = cmp(swung, slower, t);
+  EXPECT_EQ(by_time.rows.at(0).verdict, RowVerdict::same);  // ratio 1.095, guard 0.967
+  EXPECT_LT(by_time.rows[0].best_ratio, 1.0);
+  const BenchComparison c = cmp(swung, slower, m);
+  EXPECT_EQ(c.rows.at(0).metric, "min");
+  EXPECT_NEAR(c.rows[0].ratio, 3620.0 / 3293.0, 1e-12);
+  EXPECT_DOUBLE_EQ(c.rows[0].best_ratio, c.rows[0].ratio);
+  EXPECT_DOUBLE_EQ(c.rows[0].old_value, 3293.0);
+  EXPECT_DOUBLE_EQ(c.rows[0].new_value, 3620.0);
+  EXPECT_EQ(c.rows[0].verdict, RowVerdict::slower);
+  const std::string text = moe::tools::format_comparison(c, m);
+  EXPECT_THAT(text, HasSubstr("9.9% more time than OLD at the fastest samples\n"));
+  EXPECT_THAT(text, HasSubstr("by the fastest samples"));
+  EXPECT_EQ(moe::tools::comparison_json(c, m)["by"], "min");
+  // The swing itself (median +13%, fastest sample +2.5%) is the same by the minima.
+  const json calm = report("H200", {gemm_row("ds_u", 3305, 3213, 75.0)});
+  EXPECT_EQ(cmp(calm, swung, m).rows.at(0).verdict, RowVerdict::same);
+  // Faster by the minima: 3213 -> 2900 us.
+  EXPECT_EQ(cmp(calm, report("H200", {gemm_row("ds_u", 3400, 2900, 73.0)}), m).rows.at(0).verdict,
+            RowVerdict::faster);
+}
+
 // A row without a roofline (no dense rate in one run) is compared by its time.
 TEST(BenchCompare, ARowWithoutARooflineFallsBackToItsTime) {
   json nr = gemm_row("ds_u", 3400, 3350, 85.0);

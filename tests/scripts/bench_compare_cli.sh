@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `moe-harness bench-compare`'s exit codes and messages (ctest bench_compare_cli; no GPU):
 # 0 for the same report, 1 for a row slower beyond --max-slowdown (and 0 with a wider one, or
-# with a second baseline as slow), 2 for an unreadable file, a file that is not a report (the
-# field named), a bad option and an --impl filter that matches no row.
+# with a second baseline as slow; 1 by the fastest samples with --by min), 2 for an unreadable
+# file, a file that is not a report (the field named), a bad option and an --impl filter that
+# matches no row.
 # Usage: bench_compare_cli.sh PATH/TO/moe-harness
 set -u
 bin=$1
@@ -41,6 +42,9 @@ expect 2 'nope\.json: cannot be read' "$dir/old.json" "$dir/nope.json"
 expect 2 'bad\.json: results\[0\]\.op: expected a string' "$dir/old.json" "$dir/bad.json"
 expect 2 'max-slowdown' "$dir/old.json" "$dir/new.json" --max-slowdown -1
 expect 2 'by' "$dir/old.json" "$dir/new.json" --by speed
+# --by min: row a's fastest sample 795 -> 890 us.
+expect 1 'SLOWER token_combine a fwd \(moe-gpu\): 11\.9% more time than OLD at the fastest samples$' \
+  "$dir/old.json" "$dir/new.json" --by min
 expect 2 'REPORTS' "$dir/old.json"
 expect 2 '--impl nobody: no row of the reports has it' "$dir/old.json" "$dir/new.json" --impl nobody
 expect 0 '2 rows: 0 slower.*: ok$' "$dir/old.json" "$dir/new.json" --op token_combine --impl moe-gpu \
