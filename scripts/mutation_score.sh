@@ -99,6 +99,7 @@ family_of() {
     gpu/moe_block.cu|reference/moe_block.cpp) echo block ;;
     harness/core/*) echo core ;;
     tools/bench_compare.cpp) echo benchcmp ;;
+    integrations/te/test_te_plugin.sh) echo tegate ;;
     *) echo other ;;
   esac
 }
@@ -131,6 +132,7 @@ tests_of() {
     ffn) echo "SwigluFfn|FfnBound|GemmGpu|$reg" ;;
     block) echo "MoeBlock|Regression\.R(3|4|5|7|14)_|$reg" ;;
     benchcmp) echo "BenchCompare|bench_compare_cli" ;;  # no op: check and golden skip
+    tegate) echo "te_plugin_gate" ;;  # the gate script, with a fake check: no op, no build needed
     *) echo "" ;;  # core: every test of the label
   esac
 }
@@ -405,7 +407,7 @@ run_mutant() {  # job tree id class file
   if [[ $mode == compile ]]; then
     case $file in
       gpu/*) tg=moe_gpu ;; reference/*) tg=moe_reference ;; harness/core/*) tg=moe_core ;;
-      tools/*) tg=moe-harness ;;
+      tools/*|integrations/*) tg=moe-harness ;;
     esac
   fi
   if ! cmake --build "$t/build-mut" -j "$per" --target $tg >"$lg/build.log" 2>&1; then

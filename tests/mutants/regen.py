@@ -503,8 +503,8 @@ M = [
      "c.ratio > 1 + opt.max_slowdown",
      "bench-compare: a slow median is SLOWER even when NEW's fastest sample beats OLD's median"),
     ("097", "benchcmp_copy_ratio_inverted", "formula", "tools/bench_compare.cpp", 1,
-     "return metric == \"pct_copy\" ? r.pct_copy",
-     "return metric == \"pct_copy\" ? 1.0 / r.pct_copy",
+     "return metric == \"pct_copy\"   ? r.pct_copy",
+     "return metric == \"pct_copy\"   ? 1.0 / r.pct_copy",
      "bench-compare: a memory-bound row's speed taken as 1 / its % of copy (slower reads "
      "faster)"),
     ("098", "benchcmp_missing_passes", "gate", "tools/bench_compare.cpp", 1,
@@ -515,6 +515,20 @@ M = [
      "!same_count(o->bytes, n.bytes) ||",
      "",
      "bench-compare: a row whose bytes changed is compared as if it were the same work"),
+    ("100", "benchcmp_min_reads_medians", "formula", "tools/bench_compare.cpp", 1,
+     ": metric == \"min\"      ? 1.0 / r.min_us",
+     ": metric == \"min\"      ? 1.0 / r.median_us",
+     "bench-compare --by min: the fastest samples' metric reads the medians"),
+    # ---- the TE conformance gate and the bench's even groups -----------------------------------
+    ("101", "tegate_report_ignored", "gate", "integrations/te/test_te_plugin.sh", 2,
+     "rc=$?\n",
+     "rc=0\n",
+     "te_router_conformance: te_report.py's verdict ignored, so an untriaged TE departure passes"),
+    ("102", "even_groups_remainder_dropped", "edge-size", "harness/ops/ep_family.cpp", 1,
+     "sizes[g] = total / groups + (g < total % groups ? 1 : 0);",
+     "sizes[g] = total / groups;",
+     "even_groups: the total % groups remainder rows dropped from the groups (they become tail "
+     "rows)"),
 ]
 
 
