@@ -579,7 +579,8 @@ void expect_two_way_knob(const char* name, bool (*setting)(), const char* on, co
 
 // bench's cuBLAS strided-batched yardstick runs on the uniform bench cases alone, at their mean
 // group (DeepSeek-like 256 rows, Mixtral-like 4096), and on no plan that is skewed, leaves a
-// tail, or does not divide into its groups (host only: no GPU needed).
+// tail, or does not divide into its groups (host only: no GPU needed). The uniform cases' groups
+// are ragged (the yardstick evens them out) except deepseek_even's, which are the yardstick's.
 TEST(BenchYardstick, BatchedRowsOnlyForEvenUniformPlans) {
   std::vector<int64_t> want;
   for (const Case& c : ops::grouped_gemm_full_bench_cases()) {
@@ -587,11 +588,16 @@ TEST(BenchYardstick, BatchedRowsOnlyForEvenUniformPlans) {
     const gpu::GroupPlan p =
         gpu::make_group_plan(make_group_sizes(c, G, rows, "input.group_sizes"), rows);
     want.push_back(ops::batched_rows(c, p));
-    if (c.regime == Regime::uniform) {
-      EXPECT_NE(*std::max_element(p.sizes.begin(), p.sizes.end()), rows / G) << c.line();
+    const int64_t largest = *std::max_element(p.sizes.begin(), p.sizes.end());
+    if (c.b("even_groups", false)) {
+      EXPECT_EQ(largest, rows / G) << c.line();
+      EXPECT_EQ(*std::min_element(p.sizes.begin(), p.sizes.end()), rows / G) << c.line();
+    } else if (c.regime == Regime::uniform) {
+      EXPECT_NE(largest, rows / G) << c.line();
     }
   }
-  EXPECT_EQ(want, (std::vector<int64_t>{4096, 0, 256, 0}));  // mixtral u/s, deepseek u/s
+  // mixtral uniform / skewed, deepseek uniform / skewed / even
+  EXPECT_EQ(want, (std::vector<int64_t>{4096, 0, 256, 0, 256}));
   Case c;
   c.op = "grouped_gemm";
   c.regime = Regime::uniform;
