@@ -155,8 +155,8 @@ struct Result {
   int64_t dense_m = 0, dense_k = 0, dense_n = 0;
   // Uniform GEMM-like rows: cuBLAS strided-batched on the same products (OpInfo::Bench::batched),
   // its time in the row's direction and the row's time over it (< 1: faster than cuBLAS); the
-  // same at the fastest samples (on an H200, three runs of deepseek_even: cuBLAS's forward
-  // medians 3239-4940 us, our row's 2917-3344, its minima 2904-2909: session 34).
+  // same at the fastest samples (on an H200, four runs of deepseek_even: cuBLAS's forward
+  // medians 3011-4940 us, our row's 2917-3347, its minima 2850-2909: session 34).
   double batched_us = 0, batched_ratio = 0, batched_min_us = 0, batched_min_ratio = 0;
   std::string batched_shapes;
   double tokens = 0, tokens_per_s = 0;  // token-level rows

@@ -48,7 +48,8 @@ std::vector<Case> named() {
   v.push_back(base("zero_rows", DType::f32, 3, 0, 4, 5, 0, true));
   v.push_back(base("odd_f16", DType::f16, 7, 257, 13, 9, 17, true));
   v.push_back(base("mixtral_like", DType::bf16, 8, 512, 64, 128, 0, false));
-  // Equal groups but one row (93 = 6 * 15 + 3): the bench's even cases, cut down.
+  // Equal groups, the first three one row longer (93 = 6 * 15 + 3): the bench's even cases, cut
+  // down.
   v.push_back(base("even_groups", DType::bf16, 6, 100, 24, 40, 7, true).set("even_groups", true));
   return v;
 }
