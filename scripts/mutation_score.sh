@@ -100,6 +100,7 @@ family_of() {
     harness/core/*) echo core ;;
     tools/bench_compare.cpp) echo benchcmp ;;
     integrations/te/test_te_plugin.sh) echo tegate ;;
+    harness/ops/ep_family.cpp) echo groupsizes ;;  # the group sizes and EP counts of cases
     *) echo other ;;
   esac
 }
@@ -114,6 +115,7 @@ ops_of() {
     gemm) echo "grouped_gemm swiglu_expert_ffn" ;;
     ffn) echo "swiglu_expert_ffn" ;;
     block) echo "moe_block" ;;
+    groupsizes) echo "grouped_gemm swiglu_expert_ffn ragged_a2a_params local_permute_after_a2a" ;;
     core) echo "topk_router token_dispatch token_combine moe_aux_loss swiglu_expert_ffn" ;;
     *) echo "" ;;
   esac
@@ -132,7 +134,8 @@ tests_of() {
     ffn) echo "SwigluFfn|FfnBound|GemmGpu|$reg" ;;
     block) echo "MoeBlock|Regression\.R(3|4|5|7|14)_|$reg" ;;
     benchcmp) echo "BenchCompare|bench_compare_cli" ;;  # no op: check and golden skip
-    tegate) echo "te_plugin_gate" ;;  # the gate script, with a fake check: no op, no build needed
+    tegate) echo "te_plugin_gate" ;;
+    groupsizes) echo "GroupSizes|GroupedGemm|SwigluFfn|EpSizing|RaggedA2A|LocalPermute|$reg" ;;  # the gate script, with a fake check: no op, no build needed
     *) echo "" ;;  # core: every test of the label
   esac
 }
