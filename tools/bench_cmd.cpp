@@ -314,6 +314,15 @@ void set_timing(Result& r, const gpu::TimingStats& t, int sets) {
   r.graph = t.graph;
 }
 
+// Row r against cuBLAS strided-batched on its products: medians and fastest samples (us).
+void set_batched(Result& r, double median_us, double min_us, const std::string& shapes) {
+  r.batched_us = median_us;
+  r.batched_ratio = r.median_us / median_us;
+  r.batched_min_us = min_us;
+  r.batched_min_ratio = min_us > 0 ? r.min_us / min_us : 0;
+  r.batched_shapes = shapes;
+}
+
 // The vendor's yardstick of a uniform GEMM-like case: cuBLAS strided-batched on its products
 // (gpu::time_batched_gemms), each row's time against it. A failure (e.g. out of memory beside
 // the rows' buffers) is a note: the rows stand without it.
@@ -342,11 +351,7 @@ void time_batched(DType d, const std::vector<ops::OpInfo::Bench::BatchedProduct>
   for (Result& r : rows) {
     const gpu::TimingStats& bt = r.dir == "fwd" ? t.fwd : t.fwd_bwd;
     if (bt.samples == 0 || !(r.median_us > 0)) continue;
-    r.batched_us = bt.median_ms * 1e3;
-    r.batched_ratio = r.median_us / r.batched_us;
-    r.batched_min_us = bt.min_ms * 1e3;
-    r.batched_min_ratio = r.batched_min_us > 0 ? r.min_us / r.batched_min_us : 0;
-    r.batched_shapes = shapes;
+    set_batched(r, bt.median_ms * 1e3, bt.min_ms * 1e3, shapes);
   }
 }
 
@@ -704,11 +709,7 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
       if (r.kind == "gemm") r.pct_dense = 100.0 * r.tflops / r.dense_tflops;
     }
     if (both && both->batched_us > 0) {  // and cuBLAS strided-batched on the same products
-      r.batched_us = both->batched_us;
-      r.batched_ratio = r.median_us / r.batched_us;
-      r.batched_min_us = both->batched_min_us;
-      r.batched_min_ratio = r.batched_min_us > 0 ? r.min_us / r.batched_min_us : 0;
-      r.batched_shapes = both->batched_shapes;
+      set_batched(r, both->batched_us, both->batched_min_us, both->batched_shapes);
     }
     set_roofline(r, cost, copy.gbps);  // at the same rate and bandwidth as moe-gpu's rows
     rows.push_back(std::move(r));

@@ -185,11 +185,11 @@ RowComparison compare_row(const std::vector<const Row*>& olds, const Row& n,
   // The metric: the run's yardstick where every report has it, else the time.
   bool roof = n.pct_roof > 0;
   for (const Row* o : olds) roof = roof && o->pct_roof > 0;
-  c.metric = opt.by_min           ? "min"
-             : opt.by_time        ? "time"
-             : n.kind == "memory" ? "pct_copy"
-             : roof               ? "pct_roof"
-                                  : "time";
+  c.metric = opt.by == CompareBy::min    ? "min"
+             : opt.by == CompareBy::time ? "time"
+             : n.kind == "memory"        ? "pct_copy"
+             : roof                      ? "pct_roof"
+                                         : "time";
   // Against the slowest baseline (and the fastest for FASTER): with several runs of OLD, a row
   // fails only where NEW is slower than all of them.
   const Row* slow = olds.front();
@@ -227,7 +227,7 @@ std::string value(const std::string& metric, double v) {
 
 // What rows are compared by, as --by names it.
 const char* by_name(const BenchCompareOptions& o) {
-  return o.by_min ? "min" : o.by_time ? "time" : "yardstick";
+  return o.by == CompareBy::min ? "min" : o.by == CompareBy::time ? "time" : "yardstick";
 }
 
 }  // namespace
@@ -343,7 +343,7 @@ BenchComparison compare_bench(const std::vector<NamedReport>& olds, const NamedR
       c.notes.push_back(
           olds[i].name + " and " + neu.name + " are from different devices ('" + a.device + "', '" +
           b.device + "')" +
-          (o.by_min || o.by_time
+          (o.by != CompareBy::yardstick
                ? ": --by " + std::string(by_name(o)) + " compares their times as they are"
                : std::string(": each row is compared against its own run's yardstick")));
     }
@@ -399,11 +399,11 @@ std::string format_comparison(const BenchComparison& c, const BenchCompareOption
   std::snprintf(buf, sizeof buf,
                 "max slowdown %.1f%%, %s; ratio = NEW's time / %s%s (> 1: slower)%s\n",
                 100 * o.max_slowdown,
-                o.by_min    ? "by the fastest samples"
-                : o.by_time ? "by time"
-                            : "against each run's yardstick",
+                o.by == CompareBy::min    ? "by the fastest samples"
+                : o.by == CompareBy::time ? "by time"
+                                          : "against each run's yardstick",
                 c.baselines > 1 ? "the slowest OLD run's" : "OLD's",
-                o.by_min || o.by_time ? "" : ", each over its run's yardstick",
+                o.by != CompareBy::yardstick ? "" : ", each over its run's yardstick",
                 c.baselines > 1 ? "; spread: the OLD runs' fastest over their slowest" : "");
   out << buf;
   const bool spread = c.baselines > 1;  // a column for the baselines' spread
@@ -468,7 +468,7 @@ nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptio
   j["new_complete"] = c.new_complete;
   j["baselines"] = c.baselines;
   j["max_slowdown"] = o.max_slowdown;
-  j["by_time"] = o.by_time;
+  j["by_time"] = o.by == CompareBy::time;
   j["by"] = by_name(o);
   j["allow_missing"] = o.allow_missing;
   j["failed"] = c.failed(o);

@@ -34,10 +34,13 @@
 
 namespace moe::tools {
 
+// What rows are compared by (--by): each run's yardstick, the medians as they are, or the fastest
+// samples as they are.
+enum class CompareBy { yardstick, time, min };
+
 struct BenchCompareOptions {
   double max_slowdown = 0.05;  // fraction: 0.05 = 5%
-  bool by_time = false;        // compare median_us as they are
-  bool by_min = false;  // compare min_us (the fastest samples) as they are; wins over by_time
+  CompareBy by = CompareBy::yardstick;
   bool allow_missing = false;  // a row of OLD absent from NEW is a note, not a failure
   // Only rows of these ops / implementations (empty: all): e.g. a plugin's CI gates its own
   // kernel's rows and not moe-gpu's. The others are left out, not missing.

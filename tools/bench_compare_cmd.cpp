@@ -48,8 +48,7 @@ void add_bench_compare_command(CLI::App& app, int& status) {
   cmd->callback([&status] {
     BenchCompareOptions o;
     o.max_slowdown = max_slowdown_pct / 100.0;
-    o.by_time = by == "time";
-    o.by_min = by == "min";
+    o.by = by == "time" ? CompareBy::time : by == "min" ? CompareBy::min : CompareBy::yardstick;
     o.allow_missing = allow_missing;
     o.ops = ops;
     o.impls = impls;

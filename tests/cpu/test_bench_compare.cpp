@@ -104,7 +104,7 @@ TEST(BenchCompare, TheYardstickTakesOutTheMachineAndByTimeDoesNot) {
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_THAT(c.notes[0], HasSubstr("different devices"));
   BenchCompareOptions t;
-  t.by_time = true;
+  t.by = moe::tools::CompareBy::time;
   const BenchComparison d = cmp(a, b, t);
   EXPECT_EQ(d.rows.at(0).metric, "time");
   EXPECT_NEAR(d.rows[0].ratio, 1.3, 1e-12);
@@ -119,9 +119,8 @@ TEST(BenchCompare, ByTheFastestSamplesTheMinimaDecide) {
   const json swung = report("H200", {gemm_row("ds_u", 3745, 3293, 66.0)});
   const json slower = report("H200", {gemm_row("ds_u", 4100, 3620, 60.0)});
   BenchCompareOptions t, m;
-  t.by_time = true;
-  m.by_min = true;
-  m.by_time = true;  // by_min wins
+  t.by = moe::tools::CompareBy::time;
+  m.by = moe::tools::CompareBy::min;
   const BenchComparison by_time = cmp(swung, slower, t);
   EXPECT_EQ(by_time.rows.at(0).verdict, RowVerdict::same);  // ratio 1.095, guard 0.967
   EXPECT_LT(by_time.rows[0].best_ratio, 1.0);
