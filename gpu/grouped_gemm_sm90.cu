@@ -1573,8 +1573,9 @@ int fold_tail_setting() {
   if (!e || !*e || std::strcmp(e, "auto") == 0) return -1;
   if (std::strcmp(e, "fold") == 0) return 1;
   if (std::strcmp(e, "npair") == 0) return 0;
-  throw std::invalid_argument(std::string("MOE_SM90_TAIL: expected auto, fold or npair, got '") +
-                              e + "'");
+  if (std::strcmp(e, "kernel") == 0) return 2;
+  throw std::invalid_argument(
+      std::string("MOE_SM90_TAIL: expected auto, fold, kernel or npair, got '") + e + "'");
 }
 
 L2Hints l2_hints_setting() {

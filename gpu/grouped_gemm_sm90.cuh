@@ -127,8 +127,9 @@ struct RowGroupedProduct {
 int band_setting();
 
 // MOE_SM90_TAIL: unset, empty or "auto" -1 (fold where fold_tail_pays), "fold" 1 (wherever a group
-// folds: tests, A/B), "npair" 0 (never: the last slot's row tile runs as N-pairs); anything else
-// throws std::invalid_argument naming it. Read on every call.
+// folds: tests, A/B), "npair" 0 (never: the last slot's row tile runs as N-pairs), "kernel" 2 (the
+// folding kernel even where no group folds: its cost on the plain kernel's work, A/B); anything
+// else throws std::invalid_argument naming it. Read on every call.
 int fold_tail_setting();
 
 // L2 eviction priorities of the sm90 kernels' memory traffic, as PTX createpolicy codes (0

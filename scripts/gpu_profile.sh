@@ -28,6 +28,9 @@
 #                       (MOE_GEMM_IMPL=sm90: gpu/grouped_gemm.cu's default_gemm_impl; where the
 #                       kernel cannot run, sm90 falls back to cuBLAS and nothing is profiled)
 #   gemm_sm90_mixtral_fwd grouped_gemm  mixtral_uniform   fwd  the same kernel, compute-bound shape
+#   gemm_sm90_even_fwd  grouped_gemm    deepseek_even     fwd  the same kernel on 256 groups of
+#                       exactly 256 rows (no tails; MOE_SM90_TAIL=kernel in the caller's
+#                       environment runs the folding variant on that same work)
 #   gemm_sm90_ds_wgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_cols_kernel (the
 #                       wgrad kernel `auto` picks for groups of <= 2048 rows; its 7.5 GB of
 #                       gradient writes bound it)
@@ -92,6 +95,7 @@ targets=(
   "dispatch_ds_bwd;token_dispatch;deepseek_v3;bwd;;gather_sum_kernel|dispatch_bwd_probs_kernel;2"
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_mixtral_fwd;grouped_gemm;mixtral_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
+  "gemm_sm90_even_fwd;grouped_gemm;deepseek_even;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_ds_wgrad;grouped_gemm;deepseek_uniform;fwd+bwd;;grouped_cols_kernel;1"
   "gemm_sm90_ds_dgrad;grouped_gemm;deepseek_uniform;fwd+bwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel<[^,]+, .bool.1,;1"
 )

@@ -761,6 +761,8 @@ TEST(Sm90FoldPolicy, FoldsWhereTheSavedEntriesAreATenthOfTheTable) {
   EXPECT_EQ(gpu::sm90::fold_tail_setting(), 1);
   env.set("npair");
   EXPECT_EQ(gpu::sm90::fold_tail_setting(), 0);
+  env.set("kernel");
+  EXPECT_EQ(gpu::sm90::fold_tail_setting(), 2);
   env.set("folded");
   const std::string e = error_of([] { gpu::sm90::fold_tail_setting(); });
   EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_TAIL"));
@@ -1043,6 +1045,7 @@ struct BenchShape {
   std::string name;
   int64_t tokens, topk, H, F, E;
   Regime regime;
+  bool even = false;  // the plan's even_groups key: equal groups (make_group_sizes)
 };
 
 const std::vector<BenchShape>& bench_shapes() {
@@ -1051,6 +1054,9 @@ const std::vector<BenchShape>& bench_shapes() {
       {"mixtral_skewed", 16384, 2, 4096, 14336, 8, Regime::skewed},
       {"deepseek_uniform", 8192, 8, 7168, 2048, 256, Regime::uniform},
       {"deepseek_skewed", 8192, 8, 7168, 2048, 256, Regime::skewed},
+      // deepseek_uniform's rows in 256 groups of exactly 256: the work of cuBLAS's strided-batched
+      // products (scripts/torch_grouped_mm_baseline.py's torch.bmm rows), no ragged tails.
+      {"deepseek_even", 8192, 8, 7168, 2048, 256, Regime::uniform, true},
       // The DeepSeek-like product with fewer, larger experts: groups of ~512 and ~1024 rows,
       // between the shapes where sm90 wins and where chunked does (GemmImpl::automatic).
       {"deepseek_e128", 8192, 8, 7168, 2048, 128, Regime::uniform},
@@ -1071,6 +1077,7 @@ gpu::GroupPlan bench_plan(const BenchShape& b) {
   c.op = "grouped_gemm";
   c.regime = b.regime;
   c.seed = 23;
+  if (b.even) c.set("even_groups", true);
   const int64_t rows = b.tokens * b.topk;
   return gpu::make_group_plan(make_group_sizes(c, b.E, rows, "input.group_sizes"), rows);
 }
@@ -1556,6 +1563,27 @@ TEST(Sm90GemmGpu, EveryPairingMatchesTheFp64SumsEverywhere) {
   gpu::DeviceTensor out(DType::bf16, {R, N});
   EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
                std::invalid_argument);
+}
+
+// MOE_SM90_TAIL=kernel runs the folding kernel on a plan where no group folds (the A/B of that
+// kernel's cost on the plain kernel's work, docs/perf.md session 35): same table, same bits.
+TEST(Sm90GemmGpu, TheFoldingKernelWithoutFoldsMatchesThePlainOne) {
+  MOE_SKIP_WITHOUT_SM90();
+  const ScopedEnv tail("MOE_SM90_TAIL");
+  const std::vector<int64_t> sizes = {64, 128, 200, 256, 0, 384, 512, 100};
+  for (const int64_t n : sizes) ASSERT_FALSE(gpu::sm90::folds_tail(n)) << n;
+  const int64_t K = 256, N = 520;
+  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 11, K, N);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  int64_t calls = 0;
+  tail.set(nullptr);
+  const auto [out, gx] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+  EXPECT_GE(calls, 2) << "fwd and dgrad on the kernel";
+  expect_fp64_sums(plan, K, N, out, gx);
+  tail.set("kernel");
+  const auto [out2, gx2] = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+  EXPECT_TRUE(out.bitwise_equal(out2) && gx.bitwise_equal(gx2)) << "the folding kernel differs";
 }
 
 // The sm90 kernel's dynamic schedule (clusters draw table entries from an atomic counter) gives
