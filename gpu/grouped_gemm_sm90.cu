@@ -383,47 +383,57 @@ __device__ __forceinline__ uint64_t l2_policy(int hint) {
   return pol;
 }
 
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+// TMA loads into this CTA's shared memory (dst, bar: shared-space addresses, smem_addr) with an L2
+// policy (l2_policy).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                             int c0, int c1, uint64_t pol) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "l"(pol)
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "l"(pol)
       : "memory");
 }
 
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                             int c0, int c1, int c2, uint64_t pol) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(pol)
       : "memory");
 }
 
 // Multicast loads: the box lands at the same offset in every CTA of the cluster (mask 0b11), and
 // signals each CTA's barrier at bar's offset.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
-                                                      uint64_t* bar, int c0, int c1, uint64_t pol) {
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map,
+                                                      uint32_t bar, int c0, int c1, uint64_t pol) {
   const uint16_t mask = (1u << kCluster) - 1;
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(
-          smem_addr(dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(mask), "l"(pol)
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "h"(mask), "l"(pol)
       : "memory");
 }
 
-__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map,
-                                                      uint64_t* bar, int c0, int c1, int c2,
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map,
+                                                      uint32_t bar, int c0, int c1, int c2,
                                                       uint64_t pol) {
   const uint16_t mask = (1u << kCluster) - 1;
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(
-          smem_addr(dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask), "l"(pol)
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(dst),
+      "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask), "l"(pol)
       : "memory");
+}
+
+// The same from generic pointers to shared memory (the wgrad kernel's producer).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, uint64_t pol) {
+  tma_load_2d(smem_addr(dst), map, smem_addr(bar), c0, c1, pol);
+}
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1, uint64_t pol) {
+  tma_load_2d_multicast(smem_addr(dst), map, smem_addr(bar), c0, c1, pol);
 }
 
 template <class TB>
@@ -1048,7 +1058,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
-      int it = 0;
+      // This thread paces the pipeline: its k-loop issues every stage's loads, and at about 170
+      // instructions a k-block (session 35, ncu source view) it was busy for nearly all of the
+      // forward while the consumers waited on stages to land. So the loop is kept lean: shared
+      // addresses converted once (a generic pointer costs a special-register read each time),
+      // this CTA's weight boxes counted per entry, the stage and its phase from `it` unsigned.
+      const uint32_t stages_s = smem_addr(smem), full_s = smem_addr(full),
+                     empty_s = smem_addr(empty);
+      uint32_t it = 0;
       uint32_t u = 0;  // schedule ring uses
       for (int t = cluster_id; t < p.tiles;) {
         const Tile tl = decode<kFold>(p, t, rank);
@@ -1061,6 +1078,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                               ? static_cast<int>(min(static_cast<int64_t>(2), (left + 127) / 128))
                               : static_cast<int>(min(static_cast<int64_t>(4), (left + 63) / 64));
         constexpr uint32_t kBoxBytes = kBKMajor ? kBBytes / 2 : kChunkBytes;
+        // M-pair: this CTA's weight boxes, multicast to both (K-major: box rank; MN-major: boxes
+        // 2 rank and 2 rank + 1), those below `boxes`.
+        const int r = static_cast<int>(rank);
+        const int mine = kBKMajor ? (r < boxes) : max(0, min(2, boxes - 2 * r));
         // What lands in this CTA per stage: the row tile (or its first half), and the weight
         // boxes (M-pair: both CTAs' halves, multicast; N-pair: its own column tile's).
         // Tail entry: rank r loads the tail's rows [tail0 + 32 r, tail0 + 32 r + 32) for both
@@ -1076,51 +1097,47 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         // M-pair: this CTA loads its own row tile. N-pair: rank r loads row half r (when needed)
         // for both CTAs.
         int a_row = static_cast<int>(tl.row0);
-        if (tl.npair) a_row += 64 * static_cast<int>(rank);
+        if (tl.npair) a_row += 64 * r;
         const bool a_half_mine = rank == 0 || half1;
         // Rows past M_total (a tile's tail) are zero-filled by TMA; a box starting past it loads
         // row 0 instead (it is never stored).
         if (a_row >= p.rows) a_row = 0;
+        const int b_n0 = tl.n0 + 128 * r;  // an M-pair's first column of this CTA's boxes
         for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-          const int s = it % kStages;
-          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
-          uint8_t* sa = smem + s * kStageBytesR;
-          uint8_t* sb = sa + kABytes;
-          mbar_arrive_expect_tx(&full[s], bytes);
+          const uint32_t s = it % kStages;
+          mbar_wait(empty_s + 8 * s, ((it / kStages) & 1) ^ 1);
+          const uint32_t sa = stages_s + s * kStageBytesR, sb = sa + kABytes, bar = full_s + 8 * s;
+          mbar_arrive_expect_tx(bar, bytes);
           // The operand pair of this k-block, and the block's column in it.
           const int q = kb < p.k_split ? 0 : 1;
           const int k0 = (kb - (q ? p.k_split : 0)) * kBK;
-          const CUtensorMap *tm_a = &m.a[q], *tm_a64 = &m.a64[q], *tm_a32 = &m.a32[q];
           const CUtensorMap* tm_b = &m.b[q];
           // Made here, not kept live: the producer has 40 registers (setmaxnreg).
           const uint64_t pol_a = l2_policy(p.hint_a), pol_b = l2_policy(tl.banded ? 0 : p.hint_b);
           if (tail_mine)
-            tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), tm_a32, &full[s], k0,
+            tma_load_2d_multicast(sa + kStageBytes + rank * (kTailBytes / 2), &m.a32[q], bar, k0,
                                   tail_row, pol_a);
           if (!tl.npair) {
-            if (half1) {
-              tma_load_2d(sa, tm_a, &full[s], k0, a_row, pol_a);
-            } else {
-              tma_load_2d(sa, tm_a64, &full[s], k0, a_row, pol_a);
-            }
+            tma_load_2d(sa, half1 ? &m.a[q] : &m.a64[q], bar, k0, a_row, pol_a);
             if (kBKMajor) {
-              if (static_cast<int>(rank) < boxes)
-                tma_load_3d_multicast(sb + rank * (kBBytes / 2), tm_b, &full[s], k0,
-                                      tl.n0 + 128 * rank, tl.g, pol_b);
+              if (mine)
+                tma_load_3d_multicast(sb + rank * kBoxBytes, tm_b, bar, k0, b_n0, tl.g, pol_b);
             } else {
-              for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
-                tma_load_3d_multicast(sb + j * kChunkBytes, tm_b, &full[s], tl.n0 + 64 * j, k0,
+              if (mine > 0)
+                tma_load_3d_multicast(sb + 2 * rank * kChunkBytes, tm_b, bar, b_n0, k0, tl.g,
+                                      pol_b);
+              if (mine > 1)
+                tma_load_3d_multicast(sb + (2 * rank + 1) * kChunkBytes, tm_b, bar, b_n0 + 64, k0,
                                       tl.g, pol_b);
             }
           } else {
             if (a_half_mine)
-              tma_load_2d_multicast(sa + rank * (kABytes / 2), tm_a64, &full[s], k0, a_row, pol_a);
+              tma_load_2d_multicast(sa + rank * (kABytes / 2), &m.a64[q], bar, k0, a_row, pol_a);
             for (int j = 0; j < boxes; ++j) {
               if (kBKMajor) {
-                tma_load_3d(sb + j * (kBBytes / 2), tm_b, &full[s], k0, tl.n0 + 128 * j, tl.g,
-                            pol_b);
+                tma_load_3d(sb + j * kBoxBytes, tm_b, bar, k0, tl.n0 + 128 * j, tl.g, pol_b);
               } else {
-                tma_load_3d(sb + j * kChunkBytes, tm_b, &full[s], tl.n0 + 64 * j, k0, tl.g, pol_b);
+                tma_load_3d(sb + j * kChunkBytes, tm_b, bar, tl.n0 + 64 * j, k0, tl.g, pol_b);
               }
             }
           }
