@@ -426,6 +426,16 @@ __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtens
       : "memory");
 }
 
+// The same from generic pointers to shared memory (the wgrad kernel's producer).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, uint64_t pol) {
+  tma_load_2d(smem_addr(dst), map, smem_addr(bar), c0, c1, pol);
+}
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1, uint64_t pol) {
+  tma_load_2d_multicast(smem_addr(dst), map, smem_addr(bar), c0, c1, pol);
+}
+
 template <class TB>
 __device__ __forceinline__ float2 load2(const TB* p) {
   if constexpr (std::is_same_v<TB, float>) {
@@ -1231,10 +1241,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
-      // Lean, as the row kernel's producer: shared addresses converted once.
-      const uint32_t stages_s = smem_addr(pipe.smem), full_s = smem_addr(pipe.full),
-                     empty_s = smem_addr(pipe.empty);
-      uint32_t it = 0;
+      int it = 0;
       int4 rec = group_record(p, cluster_id);
       for (int t = cluster_id; t < p.tiles;) {
         const WTile tl = decode_w(p, t, rank, rec);
@@ -1248,9 +1255,6 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (p.nc - tl.n0 + 63) / 64));
         const uint32_t bytes = kABytes + boxes * kChunkBytes;
         const int i0 = tl.i0 < p.mc ? tl.i0 : 0, i1 = tl.i0 + 64 < p.mc ? tl.i0 + 64 : 0;
-        // This CTA's boxes of b_g (2 rank and 2 rank + 1, those below `boxes`), multicast to both.
-        const int mine = max(0, min(2, boxes - 2 * static_cast<int>(rank)));
-        const int b_n0 = tl.n0 + 128 * static_cast<int>(rank);
         // The group's descriptors, written by the host before the launch (generic proxy):
         // acquired for the tensormap proxy before TMA reads them.
         const CUtensorMap* ma = p.maps + tl.k;
@@ -1258,18 +1262,18 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(ma) : "memory");
         asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(mb) : "memory");
         for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-          const uint32_t s = it % kStages;
-          mbar_wait(empty_s + 8 * s, ((it / kStages) & 1) ^ 1);
-          const uint32_t sa = stages_s + s * kStageBytes, sb = sa + kABytes, bar = full_s + 8 * s;
-          mbar_arrive_expect_tx(bar, bytes);
+          const int s = it % kStages;
+          mbar_wait(&pipe.empty[s], ((it / kStages) & 1) ^ 1);
+          uint8_t* sa = pipe.smem + s * kStageBytes;
+          uint8_t* sb = sa + kABytes;
+          mbar_arrive_expect_tx(&pipe.full[s], bytes);
           // Rows relative to the group; those past its end are zero-filled by TMA.
           const int r = kb * kBK;
           const uint64_t pol = l2_policy(0);
-          tma_load_2d(sa, ma, bar, i0, r, pol);
-          tma_load_2d(sa + kChunkBytes, ma, bar, i1, r, pol);
-          if (mine > 0) tma_load_2d_multicast(sb + 2 * rank * kChunkBytes, mb, bar, b_n0, r, pol);
-          if (mine > 1)
-            tma_load_2d_multicast(sb + (2 * rank + 1) * kChunkBytes, mb, bar, b_n0 + 64, r, pol);
+          tma_load_2d(sa, ma, &pipe.full[s], i0, r, pol);
+          tma_load_2d(sa + kChunkBytes, ma, &pipe.full[s], i1, r, pol);
+          for (int j = 2 * rank; j < 2 * rank + 2 && j < boxes; ++j)
+            tma_load_2d_multicast(sb + j * kChunkBytes, mb, &pipe.full[s], tl.n0 + 64 * j, r, pol);
         }
         t = next;
         rec = next_rec;
