@@ -62,9 +62,9 @@
 #
 # --source adds the SourceCounters section (warp-stall samples per SASS instruction), exports them
 # (ncu --import ... --csv --page source --print-source sass: T/sass.csv) and summarises them with
-# scripts/ncu_source_summary.py into T/source.txt (the reasons' shares, the most-sampled
-# instructions; a branch after an mbarrier try_wait is marked as that wait), printed after the
-# target's line. Session 26's use: the sm90 forward's consumers spend half their samples waiting
+# scripts/ncu_source_summary.py into T/source.txt (the reasons' shares, the loop bodies by times
+# executed, the most-sampled instructions; a branch after an mbarrier try_wait is marked as that
+# wait), printed after the target's line. Session 26's use: the sm90 forward's consumers spend half their samples waiting
 # for a stage to land (docs/perf.md).
 # Output under --out (default out/profile), per target T: T/ncu.log (ncu and bench output),
 # T/T.ncu-rep (only with --keep-rep), T/raw.csv (ncu --import ... --csv --page raw), T/summary.csv
