@@ -529,6 +529,12 @@ M = [
      "sizes[g] = total / groups;",
      "even_groups: the total % groups remainder rows dropped from the groups (they become tail "
      "rows)"),
+    ("103", "sm90_producer_box_column_of_rank", "offset", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int b_n0 = tl.n0 + 128 * r;",
+     "const int b_n0 = tl.n0 + 64 * r;",
+     "sm90 row kernel, lean producer (session 35): the second CTA of an M-pair loads its weight "
+     "boxes from 64 columns past the tile instead of 128, so half the tile's columns multiply the "
+     "wrong weight columns"),
 ]
 
 
