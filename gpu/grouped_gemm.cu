@@ -906,9 +906,9 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   // Throws on a bad MOE_SM90_TAIL: before anything is issued. Auto: the folding kernel only where
   // it pays (sm90::fold_tail_pays); fold: wherever a group folds; kernel: always (A/B).
   const int tail = sm90::fold_tail_setting();
-  p.fold_tail = tail == 2   ? true
-                : tail == 1 ? std::any_of(plan.sizes.begin(), plan.sizes.end(), sm90::folds_tail)
-                            : tail < 0 && sm90::fold_tail_pays(plan.sizes.data(), G, p.nc);
+  p.fold_tail =
+      tail == 2 || (tail == 1 ? std::any_of(plan.sizes.begin(), plan.sizes.end(), sm90::folds_tail)
+                              : tail < 0 && sm90::fold_tail_pays(plan.sizes.data(), G, p.nc));
   std::vector<int64_t> tile_start(G + 1, 0);  // the kernel's tile table, G + 1 prefix sums
   for (int64_t g = 0; g < G; ++g)
     tile_start[g + 1] = tile_start[g] + sm90::tiles_of_group(plan.sizes[g], p.nc, p.fold_tail);
