@@ -71,6 +71,11 @@ constexpr int kSmemBytesTma = kOutAt + 2 * kOutBoxes * kOutBox + 1024 /* alignme
 // at most kDeferBlocks k-blocks (512 rows; the DeepSeek-like groups have 4-5), else after them.
 constexpr int kDeferBlocks = 8;
 static_assert(kSmemBytesW <= 227 * 1024 && kSmemBytesTma <= 227 * 1024, "shared memory");
+// The row kernel without folded tails has the same room past its stages for the same
+// asynchronous epilogue (KParams::tma_store); the folding kernel's stages leave none.
+constexpr int smem_bytes_launch_rows(bool fold) {
+  return fold ? smem_bytes_rows(true) : kSmemBytesTma;
+}
 static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
 
 struct KParams {
@@ -95,6 +100,9 @@ struct KParams {
   int band_pairs, band_over;
   bool wide_store;  // 16-bit c without bias or accumulation: store_block_wide (wide_store_setting)
   bool narrow;      // a warpgroup's rows of at most 32: the transposed product (narrow_setting)
+  // The plain row kernel (no folded tails), 16-bit c without bias or accumulation: a warpgroup's
+  // blocks of 64 of the group's rows by TMA stores (store_tile_tma; row_store_tma).
+  bool tma_store;
 };
 
 // The row kernel's TMA descriptors, per operand pair: the row operand in boxes of 128, 64 and 32
@@ -102,6 +110,7 @@ struct KParams {
 // the product has one.
 struct RowMaps {
   CUtensorMap a[2], a64[2], a32[2], b[2];
+  CUtensorMap c;  // c as [1][rows][Nc] in 64 x 64 boxes (KParams::tma_store; else unused)
 };
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -712,6 +721,28 @@ __device__ __forceinline__ void store_block_tma(const CUtensorMap* map, uint8_t*
 // columns past Nc skipped.
 template <class TC, class TB, bool kAccumulate>
 __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
+                                               const float (&acc)[128]);
+
+// The plain row kernel's epilogue with p.tma_store: consumer warpgroup cw's block by the wgrad
+// kernel's asynchronous TMA stores (store_block_tma, through buf) where it holds 64 of the group's
+// rows, so its products of the next tile start once the block is in shared memory instead of
+// once the warps' stores have drained (dgrad writes 0.94 GB, DeepSeek-like: 3.5x the forward's
+// tiles). A group's last rows take store_fragment: a 64-row box would write into the next
+// group's rows, which another CTA stores.
+template <class TC>
+__device__ __forceinline__ void store_tile_tma(const KParams& p, const CUtensorMap* map,
+                                               uint8_t* buf, const Tile& tl, int cw,
+                                               const float (&acc)[128]) {
+  const int64_t r0 = tl.row0 + 64 * cw;
+  if (r0 + 64 <= tl.row_end && tl.n0 < p.nc) {
+    store_block_tma<TC>(map, buf, cw, 0, r0, tl.n0, p.nc, acc, p.hint_c);
+  } else {
+    store_fragment<TC, NoBias, false>(p, tl, cw, acc);
+  }
+}
+
+template <class TC, class TB, bool kAccumulate>
+__device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
                                                const float (&acc)[128]) {
   const int64_t r0 = tl.row0 + 64 * cw;
   const int rows = static_cast<int>(min(static_cast<int64_t>(64), tl.row_end - r0));
@@ -1207,12 +1238,23 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           } else {
             consume_tile<T, kBKMajor, kFold, false, 0>(p, smem, full, empty, cw, w, it, acc, none);
           }
-          store_tile<TC>(p, tl, cw, w, acc, nullptr);
+          if constexpr (!kFold && sizeof(TC) == 2) {
+            if (p.tma_store) {
+              store_tile_tma<TC>(p, &m.c, smem + kOutAt + cw * kOutBoxes * kOutBox, tl, cw, acc);
+            } else {
+              store_tile<TC>(p, tl, cw, w, acc, nullptr);
+            }
+          } else {
+            store_tile<TC>(p, tl, cw, w, acc, nullptr);
+          }
         }
       }
       t = p.dynamic ? sched_take_warp(sched_full, sched_empty, sched_slot, u++, rank)
                     : t + clusters;
     }
+    // The TMA stores are done before the CTA (and its shared memory) goes.
+    if (!kFold && p.tma_store && threadIdx.x % 128 == 0)
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   // No CTA leaves while its peer may still write its schedule slots or arrive on its barriers:
   // every remote write and arrive above precedes its thread's arrival here. Each ring use is
@@ -1422,7 +1464,7 @@ int cluster_count(const void* kernel, int smem_bytes) {
 
 template <class T, bool kBKMajor, class TC, bool kFold>
 void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
-  constexpr int kSmem = smem_bytes_rows(kFold);
+  constexpr int kSmem = smem_bytes_launch_rows(kFold);
   auto kernel = grouped_rows_kernel<T, kBKMajor, TC, kFold>;
   static std::once_flag once;
   std::call_once(once, [&] {
@@ -1455,6 +1497,14 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
       const cuuint32_t box[3] = {64, kBK, 1};
       m.b[q] = make_map(p.ab, b, 3, dims, strides, box);
     }
+  }
+  m.c = CUtensorMap{};
+  if (kp.tma_store) {
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.rows), 1};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
+                                   static_cast<cuuint64_t>(p.rows * p.nc) * 2};
+    const cuuint32_t box[3] = {64, 64, 1};
+    m.c = make_map(p.c_type, p.c, 3, dims, strides, box);
   }
   static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmem);
   const int grid =
@@ -1629,6 +1679,10 @@ bool wide_store_setting() {
   return two_way_setting("MOE_SM90_STORE", "wide", "plain");
 }
 
+bool row_store_tma() {
+  return two_way_setting("MOE_SM90_ROW_STORE", "tma", "sync");
+}
+
 bool narrow_setting() {
   return two_way_setting("MOE_SM90_NARROW", "auto", "off");
 }
@@ -1762,6 +1816,7 @@ void launch(const RowGroupedProduct& p, Stream s) {
   band_params(p, kp);
   kp.wide_store = p.wide_store;
   kp.narrow = p.narrow;
+  kp.tma_store = p.tma_store && !p.fold_tail && p.c_type != DType::f32 && !p.bias && !p.accumulate;
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {
