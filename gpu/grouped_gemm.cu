@@ -925,7 +925,7 @@ bool run_sm90(GemmRole role, const GroupPlan& plan, DType ab, const void* a,
   const bool dynamic = sm90::dynamic_schedule();
   p.band = sm90::band_setting();
   p.wide_store = sm90::wide_store_setting();
-  p.tma_store = sm90::row_store_tma();
+  p.row_store = sm90::row_store_setting();
   p.narrow = sm90::narrow_setting();
   const std::vector<int32_t> order =
       sm90::mix_setting() ? sm90::mixed_order(plan.sizes.data(), tile_start.data(), G)

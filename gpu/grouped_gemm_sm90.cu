@@ -72,7 +72,7 @@ constexpr int kSmemBytesTma = kOutAt + 2 * kOutBoxes * kOutBox + 1024 /* alignme
 constexpr int kDeferBlocks = 8;
 static_assert(kSmemBytesW <= 227 * 1024 && kSmemBytesTma <= 227 * 1024, "shared memory");
 // The row kernel without folded tails has the same room past its stages for the same
-// asynchronous epilogue (KParams::tma_store); the folding kernel's stages leave none.
+// asynchronous epilogue (KParams::row_store); the folding kernel's stages leave none.
 constexpr int smem_bytes_launch_rows(bool fold) {
   return fold ? smem_bytes_rows(true) : kSmemBytesTma;
 }
@@ -101,8 +101,9 @@ struct KParams {
   bool wide_store;  // 16-bit c without bias or accumulation: store_block_wide (wide_store_setting)
   bool narrow;      // a warpgroup's rows of at most 32: the transposed product (narrow_setting)
   // The plain row kernel (no folded tails), 16-bit c without bias or accumulation: a warpgroup's
-  // blocks of 64 of the group's rows by TMA stores (store_tile_tma; row_store_tma).
-  bool tma_store;
+  // blocks of 64 of the group's rows by TMA stores, 1 after the tile's products, 2 during the
+  // next tile's; 0: the warps' stores (RowGroupedProduct::row_store).
+  int row_store;
 };
 
 // The row kernel's TMA descriptors, per operand pair: the row operand in boxes of 128, 64 and 32
@@ -110,7 +111,7 @@ struct KParams {
 // the product has one.
 struct RowMaps {
   CUtensorMap a[2], a64[2], a32[2], b[2];
-  CUtensorMap c;  // c as [1][rows][Nc] in 64 x 64 boxes (KParams::tma_store; else unused)
+  CUtensorMap c;  // c as [1][rows][Nc] in 64 x 64 boxes (KParams::row_store; else unused)
 };
 
 __device__ __forceinline__ uint32_t cluster_rank() {
@@ -721,28 +722,6 @@ __device__ __forceinline__ void store_block_tma(const CUtensorMap* map, uint8_t*
 // columns past Nc skipped.
 template <class TC, class TB, bool kAccumulate>
 __device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
-                                               const float (&acc)[128]);
-
-// The plain row kernel's epilogue with p.tma_store: consumer warpgroup cw's block by the wgrad
-// kernel's asynchronous TMA stores (store_block_tma, through buf) where it holds 64 of the group's
-// rows, so its products of the next tile start once the block is in shared memory instead of
-// once the warps' stores have drained (dgrad writes 0.94 GB, DeepSeek-like: 3.5x the forward's
-// tiles). A group's last rows take store_fragment: a 64-row box would write into the next
-// group's rows, which another CTA stores.
-template <class TC>
-__device__ __forceinline__ void store_tile_tma(const KParams& p, const CUtensorMap* map,
-                                               uint8_t* buf, const Tile& tl, int cw,
-                                               const float (&acc)[128]) {
-  const int64_t r0 = tl.row0 + 64 * cw;
-  if (r0 + 64 <= tl.row_end && tl.n0 < p.nc) {
-    store_block_tma<TC>(map, buf, cw, 0, r0, tl.n0, p.nc, acc, p.hint_c);
-  } else {
-    store_fragment<TC, NoBias, false>(p, tl, cw, acc);
-  }
-}
-
-template <class TC, class TB, bool kAccumulate>
-__device__ __forceinline__ void store_fragment(const KParams& p, const Tile& tl, int cw,
                                                const float (&acc)[128]) {
   const int64_t r0 = tl.row0 + 64 * cw;
   const int rows = static_cast<int>(min(static_cast<int64_t>(64), tl.row_end - r0));
@@ -953,34 +932,47 @@ __device__ __forceinline__ uint64_t weight_desc(uint32_t base, int kk) {
 // [64 w, 64 w + 64) of the weight tile by the stage's first kTailN tail rows into acc_t,
 // transposed (c^T = w^T x^T: the weight's columns are wgmma's 64 rows, the tail rows its N), so
 // the products cost the tail's rows rounded up to 16, 32 or 64, not 64 of them always.
+template <class T, bool kBKMajor, bool kFold, bool kActive, int kTailN, class Between>
+__device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
+                                             uint64_t* empty, int cw, int w, int& it,
+                                             float (&acc)[128],
+                                             float (&acc_t)[kTailN > 0 ? kTailN / 2 : 1],
+                                             Between&& between) {
+  constexpr bool kTail = kTailN > 0;
+  static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
+  static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
+  constexpr int kStageBytesR = stage_bytes_rows(kFold);
+  consume_stages<kActive, false>(
+      full, empty, p.k_blocks, it,
+      [&](int s) {
+        const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
+        const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, row_desc(sa, kk),
+                                                   weight_desc<kBKMajor>(sb, kk));
+        if constexpr (kTail) {
+          // The weight tile's columns 64 w.. (A: 64 rows of the K-major tile, 8 KiB each, or the
+          // w-th 64-column box of the MN-major one, whose descriptor reads it M-major) by the
+          // tail's rows (B: K-major, as the row tile; rows past those loaded are never read).
+          const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
+          const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
+#pragma unroll
+          for (int kk = 0; kk < kBK / 16; ++kk)
+            wgmma_m64nk16<kTailN, T, kBKMajor ? 0 : 1, 0>(acc_t, weight_desc<kBKMajor>(sw, kk),
+                                                          row_desc(st, kk));
+        }
+      },
+      between);
+}
+
 template <class T, bool kBKMajor, bool kFold, bool kActive, int kTailN>
 __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, uint64_t* full,
                                              uint64_t* empty, int cw, int w, int& it,
                                              float (&acc)[128],
                                              float (&acc_t)[kTailN > 0 ? kTailN / 2 : 1]) {
-  constexpr bool kTail = kTailN > 0;
-  static_assert(kActive || !kTail, "a tail entry's warpgroups are all active");
-  static_assert(kFold || !kTail, "tails are folded only by the kFold kernel");
-  constexpr int kStageBytesR = stage_bytes_rows(kFold);
-  consume_stages<kActive, false>(full, empty, p.k_blocks, it, [&](int s) {
-    const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
-    const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma_m64n256k16<T, 0, kBKMajor ? 0 : 1>(acc, row_desc(sa, kk),
-                                               weight_desc<kBKMajor>(sb, kk));
-    if constexpr (kTail) {
-      // The weight tile's columns 64 w.. (A: 64 rows of the K-major tile, 8 KiB each, or the
-      // w-th 64-column box of the MN-major one, whose descriptor reads it M-major) by the tail's
-      // rows (B: K-major, as the row tile; rows past those loaded are never read).
-      const uint32_t st = smem_addr(smem + s * kStageBytesR + kStageBytes);
-      const uint32_t sw = sb + w * (kBKMajor ? 64 * 128 : kChunkBytes);
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64nk16<kTailN, T, kBKMajor ? 0 : 1, 0>(acc_t, weight_desc<kBKMajor>(sw, kk),
-                                                      row_desc(st, kk));
-    }
-  });
+  consume_tile<T, kBKMajor, kFold, kActive, kTailN>(p, smem, full, empty, cw, w, it, acc, acc_t,
+                                                    [](int) {});
 }
 
 // consume_tile for a warpgroup whose 64 rows hold at most kN (16 or 32) of the group's (its
@@ -1192,6 +1184,25 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     float acc[128];
     int it = 0;
     uint32_t u = 0;  // schedule ring uses
+    // p.row_store (the plain kernel, 16-bit c): a block of 64 of the group's rows is rounded into
+    // packed (pack_block) and written through this warpgroup's staging boxes by TMA
+    // (store_half_tma), at once (1) or during the next tile's first k-blocks (2: half 0 after
+    // block 0's commit, half 1 after block 2's, while the products run; pend is the block
+    // waiting). Any other kind of tile writes the pending block first.
+    constexpr bool kTmaRows = !kFold && sizeof(TC) == 2;
+    uint8_t* const out_buf = smem + kOutAt + cw * kOutBoxes * kOutBox;
+    uint32_t packed[kTmaRows ? 64 : 1];
+    OutBlock pend{0, 0, 0, 0};  // boxes 0: nothing pending
+    const uint64_t pol_c = kTmaRows && p.hint_c ? l2_policy(p.hint_c) : 0;
+    auto write_half = [&](auto half) {
+      if constexpr (kTmaRows)
+        store_half_tma<decltype(half)::value>(&m.c, out_buf, cw, pend, packed, p.hint_c, pol_c);
+    };
+    auto write_pending = [&] {
+      write_half(std::integral_constant<int, 0>{});
+      write_half(std::integral_constant<int, 1>{});
+      pend.boxes = 0;
+    };
     for (int t = cluster_id; t < p.tiles;) {
       const Tile tl = decode<kFold>(p, t, rank);
 #pragma unroll
@@ -1226,34 +1237,51 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         float(&none)[1] = *reinterpret_cast<float(*)[1]>(acc);
         // A warpgroup's rows of the group: at most 32 of its 64 take the narrow product.
         const int64_t mine = tl.row_end - (tl.row0 + 64 * cw);
-        if (active && p.narrow && mine <= 16) {
+        if (kTmaRows && p.row_store && active && !(p.narrow && mine <= 32)) {
+          if constexpr (kTmaRows) {
+            // The pending block's halves during this tile's products (both after block 0 when
+            // the tile has one).
+            const int second = min(2, p.k_blocks - 1);
+            consume_tile<T, kBKMajor, kFold, true, 0>(
+                p, smem, full, empty, cw, w, it, acc, none, [&](int kb) {
+                  if (kb == 0) write_half(std::integral_constant<int, 0>{});
+                  if (kb == second) write_half(std::integral_constant<int, 1>{});
+                });
+            pend.boxes = 0;
+            if (mine >= 64) {
+              pack_block<TC>(acc, packed);
+              pend = out_block(0, tl.row0 + 64 * cw, tl.n0, p.nc);
+              if (p.row_store == 1) write_pending();
+            } else {
+              // A group's last rows: a 64-row box would write into the next group's rows,
+              // which another CTA stores.
+              store_fragment<TC, NoBias, false>(p, tl, cw, acc);
+            }
+          }
+        } else if (active && p.narrow && mine <= 16) {
+          write_pending();
           consume_narrow<T, kBKMajor, kFold, 16>(p, smem, full, empty, cw, it, acc);
           store_tile_narrow<TC, 16>(p, tl, cw, acc);
         } else if (active && p.narrow && mine <= 32) {
+          write_pending();
           consume_narrow<T, kBKMajor, kFold, 32>(p, smem, full, empty, cw, it, acc);
           store_tile_narrow<TC, 32>(p, tl, cw, acc);
         } else {
+          write_pending();
           if (active) {
             consume_tile<T, kBKMajor, kFold, true, 0>(p, smem, full, empty, cw, w, it, acc, none);
           } else {
             consume_tile<T, kBKMajor, kFold, false, 0>(p, smem, full, empty, cw, w, it, acc, none);
           }
-          if constexpr (!kFold && sizeof(TC) == 2) {
-            if (p.tma_store) {
-              store_tile_tma<TC>(p, &m.c, smem + kOutAt + cw * kOutBoxes * kOutBox, tl, cw, acc);
-            } else {
-              store_tile<TC>(p, tl, cw, w, acc, nullptr);
-            }
-          } else {
-            store_tile<TC>(p, tl, cw, w, acc, nullptr);
-          }
+          store_tile<TC>(p, tl, cw, w, acc, nullptr);
         }
       }
       t = p.dynamic ? sched_take_warp(sched_full, sched_empty, sched_slot, u++, rank)
                     : t + clusters;
     }
+    write_pending();
     // The TMA stores are done before the CTA (and its shared memory) goes.
-    if (!kFold && p.tma_store && threadIdx.x % 128 == 0)
+    if (kTmaRows && p.row_store && threadIdx.x % 128 == 0)
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   // No CTA leaves while its peer may still write its schedule slots or arrive on its barriers:
@@ -1499,7 +1527,7 @@ void launch_typed(const RowGroupedProduct& p, const KParams& kp, Stream s) {
     }
   }
   m.c = CUtensorMap{};
-  if (kp.tma_store) {
+  if (kp.row_store) {
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.rows), 1};
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
                                    static_cast<cuuint64_t>(p.rows * p.nc) * 2};
@@ -1679,8 +1707,13 @@ bool wide_store_setting() {
   return two_way_setting("MOE_SM90_STORE", "wide", "plain");
 }
 
-bool row_store_tma() {
-  return two_way_setting("MOE_SM90_ROW_STORE", "tma", "sync");
+int row_store_setting() {
+  const char* e = std::getenv("MOE_SM90_ROW_STORE");
+  if (!e || !*e || std::strcmp(e, "defer") == 0) return 2;
+  if (std::strcmp(e, "tma") == 0) return 1;
+  if (std::strcmp(e, "sync") == 0) return 0;
+  throw std::invalid_argument(
+      std::string("MOE_SM90_ROW_STORE: expected defer, tma or sync, got '") + e + "'");
 }
 
 bool narrow_setting() {
@@ -1816,7 +1849,8 @@ void launch(const RowGroupedProduct& p, Stream s) {
   band_params(p, kp);
   kp.wide_store = p.wide_store;
   kp.narrow = p.narrow;
-  kp.tma_store = p.tma_store && !p.fold_tail && p.c_type != DType::f32 && !p.bias && !p.accumulate;
+  kp.row_store =
+      !p.fold_tail && p.c_type != DType::f32 && !p.bias && !p.accumulate ? p.row_store : 0;
   const bool f16 = p.ab == DType::f16, c32 = p.c_type == DType::f32;
   if (p.b_k_major) {
     if (f16) {

@@ -113,8 +113,9 @@ struct RowGroupedProduct {
   // (wide_store_setting).
   bool wide_store = false;
   // The kernel without folded tails writes 16-bit c without bias or accumulation by TMA stores
-  // from shared memory where a warpgroup's 64 rows are all the group's (row_store_tma).
-  bool tma_store = false;
+  // from shared memory where a warpgroup's 64 rows are all the group's: 1 after the tile's
+  // products, 2 during the next tile's; 0 never (row_store_setting).
+  int row_store = 0;
   // A consumer warpgroup whose 64 rows hold at most 32 of the group's (a group's last rows) takes
   // the transposed product at their width, 16 or 32, instead of all 64 (narrow_setting).
   bool narrow = true;
@@ -154,10 +155,11 @@ L2Hints l2_hints_setting();
 // every call.
 bool wide_store_setting();
 
-// MOE_SM90_ROW_STORE (RowGroupedProduct::tma_store): unset, empty or "tma" true (the forward /
-// dgrad kernel's asynchronous TMA-store epilogue where it applies), "sync" false (the warps'
-// stores: A/B); anything else throws std::invalid_argument naming it. Read on every call.
-bool row_store_tma();
+// MOE_SM90_ROW_STORE (RowGroupedProduct::row_store): unset, empty or "defer" 2 (the forward /
+// dgrad kernel's TMA-store epilogue where it applies, written during the next tile's products),
+// "tma" 1 (the same, after the tile's products), "sync" 0 (the warps' stores): A/B; anything else
+// throws std::invalid_argument naming it. Read on every call.
+int row_store_setting();
 
 // MOE_SM90_NARROW (RowGroupedProduct::narrow): unset, empty or "auto" true (a warpgroup's rows
 // of at most 32 multiplied transposed at their width), "off" false (always 64 rows: A/B);

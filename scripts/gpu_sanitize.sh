@@ -79,6 +79,8 @@ case $family in
     default+=":Sm90GemmGpu.RandomShapesRunOnTheKernelAndMatchTheReference:GemmGpuErrors.*"
     default+=":Sm90GemmGpu.WgradMatchesTheFp64SumsEverywhere"
     default+=":Sm90GemmGpu.EveryPairingMatchesTheFp64SumsEverywhere"
+    # the row kernel's TMA-store epilogue, at once and deferred (async-proxy stores, staging reuse)
+    default+=":Sm90GemmGpu.RowTmaEpilogueMatchesTheWarpStoresBitwise"
     # split: the sm90 kernel on a high-priority stream beside cuBLAS, joined by an event.
     default+=":Sm90GemmGpu.SplitMatchesTheFp64SumsEverywhere"
     default+=$(registry '*' "grouped_gemm swiglu_expert_ffn")

@@ -649,7 +649,19 @@ TEST(GemmImplDefault, Sm90StoreVariableIsParsedAndABadValueNamesIt) {
 // MOE_SM90_ROW_STORE's parse (host only; the kernel:
 // Sm90GemmGpu.RowTmaEpilogueMatchesTheWarpStoresBitwise).
 TEST(GemmImplDefault, Sm90RowStoreVariableIsParsedAndABadValueNamesIt) {
-  expect_two_way_knob("MOE_SM90_ROW_STORE", gpu::sm90::row_store_tma, "tma", "sync", "async");
+  const ScopedEnv env("MOE_SM90_ROW_STORE");
+  for (const char* v : {static_cast<const char*>(nullptr), "", "defer"}) {
+    env.set(v);
+    EXPECT_EQ(gpu::sm90::row_store_setting(), 2) << (v ? v : "(unset)");
+  }
+  env.set("tma");
+  EXPECT_EQ(gpu::sm90::row_store_setting(), 1);
+  env.set("sync");
+  EXPECT_EQ(gpu::sm90::row_store_setting(), 0);
+  env.set("async");
+  const std::string e = error_of([] { gpu::sm90::row_store_setting(); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_SM90_ROW_STORE"));
+  EXPECT_THAT(e, ::testing::HasSubstr("'async'"));
 }
 
 // MOE_SM90_NARROW's parse (host only; the kernel: Sm90GemmGpu.EveryPairingMatchesTheFp64Sums-
@@ -1758,46 +1770,55 @@ TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
                std::invalid_argument);
 }
 
-// The row kernel's TMA-store epilogue (MOE_SM90_ROW_STORE=tma, the kernel without folded tails)
-// gives the bits of the warps' stores (sync): 64-row blocks go by TMA, a group's last rows by the
-// warps. N = 520 ends in a column tile of 8 columns (one box, clipped at Nc by TMA), and the sizes
-// put a group's end at every offset of a 64-row block and past full M-pairs and N-pairs. Outputs
-// are poisoned and 7 rows follow the last group: a box written past a group's rows, or a block
-// skipped, changes the bits. Folding plans (MOE_SM90_TAIL=fold) keep the warps' stores, with the
-// same bits; the forward and dgrad are also sampled against fp64 sums. Bad values throw.
+// The row kernel's TMA-store epilogue (the kernel without folded tails), written during the next
+// tile's products (MOE_SM90_ROW_STORE=defer, the default) or after the tile's (tma), gives the
+// bits of the warps' stores (sync): 64-row blocks go by TMA, a group's last rows by the warps,
+// narrow warpgroups and blocks without rows write the pending block first. N = 520 ends in a
+// column tile of 8 columns (one box, clipped at Nc by TMA), and the sizes put a group's end at
+// every offset of a 64-row block and past full M-pairs and N-pairs; K = 136 is 3 k-blocks (the
+// pending halves after blocks 0 and 2) and K = 40 one (both after block 0). Outputs are poisoned
+// and 7 rows follow the last group: a box written past a group's rows, a block skipped or written
+// from the wrong tile changes the bits. Folding plans (MOE_SM90_TAIL=fold) keep the warps'
+// stores, with the same bits; the forward and dgrad are also sampled against fp64 sums. Bad
+// values throw.
 TEST(Sm90GemmGpu, RowTmaEpilogueMatchesTheWarpStoresBitwise) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv store_env("MOE_SM90_ROW_STORE"), tail_env("MOE_SM90_TAIL");
   const std::vector<int64_t> sizes = {1, 7, 64, 65, 100, 128, 129, 200, 0, 256, 257, 300, 385, 545};
-  const int64_t K = 136, N = 520;
-  const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
+  const int64_t N = 520;
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
-  auto run = [&](const char* store, const char* tail) {
-    store_env.set(store);
-    tail_env.set(tail);
-    int64_t calls = 0;
-    auto r = fwd_and_dgrad(x, w, ct, plan, o, &calls);
-    EXPECT_GE(calls, 2) << store << " " << tail;
-    return r;
-  };
-  const auto [out_s, gx_s] = run("sync", "npair");
-  const auto [out_t, gx_t] = run("tma", "npair");
-  EXPECT_TRUE(out_t.bitwise_equal(out_s)) << "fwd: TMA and warp stores differ";
-  EXPECT_TRUE(gx_t.bitwise_equal(gx_s)) << "dgrad: TMA and warp stores differ";
-  const auto [out_f, gx_f] = run("tma", "fold");
-  EXPECT_TRUE(out_f.bitwise_equal(out_s)) << "fwd: the folding kernel's bits differ";
-  EXPECT_TRUE(gx_f.bitwise_equal(gx_s)) << "dgrad: the folding kernel's bits differ";
-  tail_env.set(nullptr);
-  gpu::DeviceTensor d_out = gpu::DeviceTensor::upload(out_t),
-                    d_gx = gpu::DeviceTensor::upload(gx_t);
-  const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
-  EXPECT_TRUE(bad.empty()) << joined(bad);
-  store_env.set("async");
-  gpu::DeviceTensor out(DType::bf16, {R, N});
-  EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
-               std::invalid_argument);
+  for (const int64_t K : {136, 40}) {
+    SCOPED_TRACE("K = " + std::to_string(K));
+    const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
+    auto run = [&](const char* store, const char* tail) {
+      store_env.set(store);
+      tail_env.set(tail);
+      int64_t calls = 0;
+      auto r = fwd_and_dgrad(x, w, ct, plan, o, &calls);
+      EXPECT_GE(calls, 2) << store << " " << tail;
+      return r;
+    };
+    const auto [out_s, gx_s] = run("sync", "npair");
+    for (const char* store : {"tma", "defer"}) {
+      const auto [out_t, gx_t] = run(store, "npair");
+      EXPECT_TRUE(out_t.bitwise_equal(out_s)) << "fwd: " << store << " and warp stores differ";
+      EXPECT_TRUE(gx_t.bitwise_equal(gx_s)) << "dgrad: " << store << " and warp stores differ";
+    }
+    const auto [out_f, gx_f] = run("defer", "fold");
+    EXPECT_TRUE(out_f.bitwise_equal(out_s)) << "fwd: the folding kernel's bits differ";
+    EXPECT_TRUE(gx_f.bitwise_equal(gx_s)) << "dgrad: the folding kernel's bits differ";
+    tail_env.set(nullptr);
+    gpu::DeviceTensor d_out = gpu::DeviceTensor::upload(out_s),
+                      d_gx = gpu::DeviceTensor::upload(gx_s);
+    const auto bad = verify_gemm(plan, K, N, d_out, &d_gx, nullptr);
+    EXPECT_TRUE(bad.empty()) << joined(bad);
+    store_env.set("async");
+    gpu::DeviceTensor out(DType::bf16, {R, N});
+    EXPECT_THROW(gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o),
+                 std::invalid_argument);
+  }
 }
 
 // The stage protocol of both kernels: a consumer warp frees a stage only once a wgmma wait covered
