@@ -535,6 +535,16 @@ M = [
      "sm90 row kernel, lean producer (session 35): the second CTA of an M-pair loads its weight "
      "boxes from 64 columns past the tile instead of 128, so half the tile's columns multiply the "
      "wrong weight columns"),
+    ("104", "sm90_row_tma_partial_block", "offset", "gpu/grouped_gemm_sm90.cu", 1,
+     "if (mine >= 64) {",
+     "if (mine > 0) {",
+     "sm90 row kernel, TMA epilogue (session 36): a warpgroup holding a group's last rows (fewer "
+     "than 64) writes a whole 64-row box, into the next group's rows or past the last group"),
+    ("105", "sm90_row_defer_one_block_half", "edge-size", "gpu/grouped_gemm_sm90.cu", 1,
+     "const int second = min(2, p.k_blocks - 1);",
+     "const int second = 2;",
+     "sm90 row kernel, deferred TMA epilogue (session 36): a tile of one or two k-blocks never "
+     "reaches block 2, so the pending block's second half (columns 128-255) is dropped"),
 ]
 
 
