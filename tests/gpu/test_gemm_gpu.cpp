@@ -1773,23 +1773,28 @@ TEST(Sm90GemmGpu, WideEpilogueMatchesThePlainOneBitwise) {
 // The row kernel's TMA-store epilogue (the kernel without folded tails), written during the next
 // tile's products (MOE_SM90_ROW_STORE=defer, the default) or after the tile's (tma), gives the
 // bits of the warps' stores (sync): 64-row blocks go by TMA, a group's last rows by the warps,
-// narrow warpgroups and blocks without rows write the pending block first. N = 520 ends in a
-// column tile of 8 columns (one box, clipped at Nc by TMA), and the sizes put a group's end at
-// every offset of a 64-row block and past full M-pairs and N-pairs; K = 136 is 3 k-blocks (the
-// pending halves after blocks 0 and 2) and K = 40 one (both after block 0). Outputs are poisoned
-// and 7 rows follow the last group: a box written past a group's rows, a block skipped or written
-// from the wrong tile changes the bits. Folding plans (MOE_SM90_TAIL=fold) keep the warps'
-// stores, with the same bits; the forward and dgrad are also sampled against fp64 sums. Bad
-// values throw.
+// narrow warpgroups and blocks without rows write the pending block first. N = 4104 ends in a
+// column tile of 8 columns (one box, clipped at Nc by TMA) and gives the forward 234 table
+// entries, so every cluster runs several tiles and writes blocks during the next one's products
+// (mutant 105 passed every test while the forward's tiles were one a cluster); K = 2056 gives
+// dgrad 126. The sizes put a group's end at every offset of a 64-row block and past full M-pairs
+// and N-pairs; K = 136 is 3 k-blocks (the pending halves after blocks 0 and 2), 72 two (after
+// blocks 0 and 1) and 40 one (both after block 0). Outputs are poisoned and 7 rows follow the last
+// group: a box written past a group's rows, a block skipped or written from the wrong tile changes
+// the bits. Folding plans (MOE_SM90_TAIL=fold) keep the warps' stores, with the same bits; the
+// forward and dgrad are also sampled against fp64 sums. Bad values throw. wgrad runs on the sm90
+// kernel too: on these shapes racecheck reported hazards inside cuBLAS's own grouped kernels
+// (nvjet_*_ptrBatch, session 36), and this test is in the gemm sanitizer family for our kernels.
 TEST(Sm90GemmGpu, RowTmaEpilogueMatchesTheWarpStoresBitwise) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv store_env("MOE_SM90_ROW_STORE"), tail_env("MOE_SM90_TAIL");
   const std::vector<int64_t> sizes = {1, 7, 64, 65, 100, 128, 129, 200, 0, 256, 257, 300, 385, 545};
-  const int64_t N = 520;
+  const int64_t N = 4104;
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
+  o.sm90_wgrad = true;
   o.poison = true;
-  for (const int64_t K : {136, 40}) {
+  for (const int64_t K : {136, 72, 40, 2056}) {
     SCOPED_TRACE("K = " + std::to_string(K));
     const auto [used, R, G, plan, x, w, ct] = operands(sizes, 7, K, N);
     auto run = [&](const char* store, const char* tail) {
