@@ -849,6 +849,7 @@ bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
     groups.push_back({static_cast<int32_t>(g), static_cast<int32_t>(plan.offsets[g]),
                       static_cast<int32_t>(plan.offsets[g + 1]), 0});
     tiles += sm90::col_tiles_of_group(plan.sizes[g], K, N);
+    w.max_group_rows = std::max(w.max_group_rows, plan.sizes[g]);
   }
   if (tiles > INT_MAX) return false;
   if (tiles == 0) return true;

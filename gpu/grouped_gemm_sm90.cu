@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -77,6 +78,28 @@ constexpr int smem_bytes_launch_rows(bool fold) {
   return fold ? smem_bytes_rows(true) : kSmemBytesTma;
 }
 static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
+
+// The panel wgrad kernel (grouped_cols_panel_kernel): a CTA's 128 columns of a_g over all of the
+// group's rows (kPanel.blocks blocks of 64 at most: groups of up to kPanelRows rows) stay in shared
+// memory while the pair walks every column tile of c[g], so only b_g streams through the stages.
+// Per 128 x 256 tile of a 256-row group an SM then reads 64 KiB from L2 (its half of b_g's tile;
+// the peer multicasts the other half) instead of 128 (a_g's tile too), the panel's 64 KiB once a
+// run (8 tiles on the DeepSeek-like wgrad). The panel is a ring of slots:
+// the next run's first blocks load into slots this run does not use. Shared memory: 3 stages of
+// b_g (32 KiB), 6 panel slots (16 KiB), the TMA epilogue's 32 KiB of staging, the barriers.
+// The shape is a template parameter: 4 stages and 4 slots (groups of at most 256 rows) ran no
+// faster on equal groups of 256 (H200, session 37: wgrad 4.35-4.38 ms against 4.26-4.32).
+struct PanelShape {
+  int stages, blocks;
+  constexpr int at() const { return stages * kBBytes; }  // the panel's slots, past the stages
+  constexpr int out_at() const { return at() + blocks * kABytes; }  // the epilogue's staging
+  constexpr int bar_at() const { return out_at() + 2 * kOutBoxes * kOutBox; }
+  constexpr int smem() const { return bar_at() + 2 * (stages + blocks) * 8 + 1024 /* align */; }
+};
+constexpr PanelShape kPanel{3, 6};
+static_assert(kPanel.blocks * kBK == kPanelRows, "the header's kPanelRows");
+static_assert(kPanel.smem() <= 227 * 1024, "shared memory");
+static_assert(kPanel.blocks <= kDeferBlocks, "every panel tile writes the pending block during it");
 
 struct KParams {
   const int64_t* offsets;
@@ -1062,6 +1085,48 @@ __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, ui
       between);
 }
 
+// One panel-kernel tile for one consumer warpgroup: consume_tile_w's products, with a_g's block
+// kb from panel slot (a_base + kb) % kP, waited for before the stage (its wait returns at
+// once after the run's first tile: the slot's next phase needs this run's release). kHold as in
+// consume_stages, over kS stages. The slot wait sits before wgmma_fence: a branch
+// between the fence and the commit serialises every wgmma of the kernel (ptxas C7520).
+template <class T, int kS, int kP, bool kActive, class Between>
+__device__ __forceinline__ void consume_tile_panel(uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                                   uint64_t* a_full, uint32_t a_base, int cw,
+                                                   int k_blocks, uint32_t& it, float (&acc)[128],
+                                                   Between&& between) {
+  const int lane = threadIdx.x % 32;
+  auto release = [&](uint32_t j) {
+    if (lane == 0)
+      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[j % kS], c);
+  };
+  uint32_t prev = 0;
+  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    const uint32_t u = a_base + kb, slot = u % kP, s = it % kS;
+    mbar_wait(&a_full[slot], (u / kP) & 1);
+    mbar_wait(&full[s], (it / kS) & 1);
+    if constexpr (kActive) {
+      wgmma_fence();
+      const uint32_t sa =
+          smem_addr(smem + PanelShape{kS, kP}.at() + slot * kABytes) + cw * kChunkBytes;
+      const uint32_t sb = smem_addr(smem + s * kBBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
+        const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
+        wgmma_m64n256k16<T, 1, 1>(acc, da, db);
+      }
+      wgmma_commit();
+      between(kb);
+      wait_products<1>(static_cast<int>(it));  // the previous block's products: free its stage
+    }
+    if (kb > 0) release(prev);
+    prev = it;
+  }
+  if constexpr (kActive) wait_products<0>(0);
+  if (k_blocks > 0) release(prev);
+}
+
 #endif  // MOE_SM90_KERNEL
 
 template <class T, bool kBKMajor, class TC, bool kFold>
@@ -1441,6 +1506,143 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// wgrad with a_g's panel resident (see kPanelRows): the host takes it where every group has at
+// most kPanelRows rows, 16-bit c is written (not accumulated) and the TMA epilogue is deferred
+// (launch_cols_typed); grouped_cols_kernel elsewhere. A run is one i-pair of one group and all its
+// column tiles, n_tiles table entries in a row (decode_w with columns inner); cluster c takes runs
+// c, c + clusters, ... (static, as grouped_cols_kernel). The producer loads the run's panel block
+// kb just before the first tile's b_g block kb, so b_g's first blocks are not queued behind panel
+// slots the previous run still reads. Same products in the same order, so the same bits as
+// grouped_cols_kernel<T, TC, true, true>
+// (Sm90GemmGpu.WgradPanelMatchesTheFp64SumsAndTheStreamingKernel).
+template <class T, class TC, int kS, int kP>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+    grouped_cols_panel_kernel(const __grid_constant__ CUtensorMap tm_c,
+                              const __grid_constant__ WParams p) {
+#ifdef MOE_SM90_KERNEL
+  constexpr PanelShape kShape{kS, kP};
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kShape.bar_at());
+  uint64_t* empty = full + kS;
+  uint64_t* a_full = empty + kS;
+  uint64_t* a_empty = a_full + kP;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kCluster * 8);  // b_g's stages: both CTAs' consumer warps (multicast)
+    }
+    for (int b = 0; b < kP; ++b) {
+      mbar_init(&a_full[b], 1);
+      mbar_init(&a_empty[b], 8);  // a slot of this CTA's own panel: its 8 consumer warps
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  const uint32_t rank = cluster_rank();
+  cluster_sync();
+  const int wg = threadIdx.x / 128;
+  const int cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
+  const int runs = p.tiles / p.n_tiles;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (threadIdx.x == 0) {
+      uint32_t it = 0, a_it = 0;
+      int4 rec = group_record(p, cluster_id * p.n_tiles);
+      for (int r = cluster_id; r < runs; r += clusters) {
+        const WTile tl = decode_w(p, r * p.n_tiles, rank, rec);
+        // The next run's record, used then (past the last run: any, unused; no int overflow).
+        rec = group_record(p, r + clusters < runs ? (r + clusters) * p.n_tiles : p.tiles);
+        const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
+        if (k_blocks > kP) __trap();  // the host's kPanelRows check failed
+        const int i0 = tl.i0 < p.mc ? tl.i0 : 0, i1 = tl.i0 + 64 < p.mc ? tl.i0 + 64 : 0;
+        const CUtensorMap* ma = p.maps + tl.k;
+        const CUtensorMap* mb = p.maps + p.n + tl.k;
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(ma) : "memory");
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(mb) : "memory");
+        const uint64_t pol = l2_policy(0);
+        for (int j = 0; j < p.n_tiles; ++j) {
+          const int n0 = j * kBN;
+          const int boxes = static_cast<int>(min(static_cast<int64_t>(4), (p.nc - n0 + 63) / 64));
+          for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+            const int row = kb * kBK;
+            if (j == 0) {
+              const uint32_t u = a_it + kb, slot = u % kP;
+              mbar_wait(&a_empty[slot], ((u / kP) & 1) ^ 1);
+              uint8_t* sa = smem + kShape.at() + slot * kABytes;
+              mbar_arrive_expect_tx(&a_full[slot], kABytes);
+              tma_load_2d(sa, ma, &a_full[slot], i0, row, pol);
+              tma_load_2d(sa + kChunkBytes, ma, &a_full[slot], i1, row, pol);
+            }
+            const uint32_t s = it % kS;
+            mbar_wait(&empty[s], ((it / kS) & 1) ^ 1);
+            uint8_t* sb = smem + s * kBBytes;
+            mbar_arrive_expect_tx(&full[s], boxes * kChunkBytes);
+            for (int b = 2 * rank; b < 2 * rank + 2 && b < boxes; ++b)
+              tma_load_2d_multicast(sb + b * kChunkBytes, mb, &full[s], n0 + 64 * b, row, pol);
+          }
+        }
+        a_it += k_blocks;
+      }
+    }
+    __syncwarp();
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1;  // rows [i0 + 64 cw, i0 + 64 cw + 64) of c[g]
+    uint8_t* stage_out = smem + kShape.out_at() + cw * kOutBoxes * kOutBox;
+    float acc[128];
+    uint32_t packed[64];        // the previous tile's block (grouped_cols_kernel's kDefer)
+    OutBlock pend{0, 0, 0, 0};  // boxes 0: nothing pending
+    const uint64_t pol = p.hint_c ? l2_policy(p.hint_c) : 0;
+    uint32_t it = 0, a_it = 0;
+    int4 rec = group_record(p, cluster_id * p.n_tiles);
+    for (int r = cluster_id; r < runs; r += clusters) {
+      const WTile tl = decode_w(p, r * p.n_tiles, rank, rec);
+      rec = group_record(p, r + clusters < runs ? (r + clusters) * p.n_tiles : p.tiles);
+      const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
+      const int64_t i = tl.i0 + 64 * cw;
+      for (int j = 0; j < p.n_tiles; ++j) {
+        const int n0 = j * kBN;
+#pragma unroll
+        for (int q = 0; q < 128; ++q) acc[q] = 0.0f;
+        if (i < p.mc) {
+          const int second = k_blocks >= 3 ? 2 : 1;
+          int written = 0;  // halves of pend written
+          consume_tile_panel<T, kS, kP, true>(
+              smem, full, empty, a_full, a_it, cw, k_blocks, it, acc, [&](int kb) {
+                if (kb == 0) {
+                  store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+                  written = 1;
+                } else if (kb == second) {
+                  store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+                  written = 2;
+                }
+              });
+          if (written < 1) store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          if (written < 2) store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          pack_block<TC>(acc, packed);
+          pend = out_block(tl.g, i, n0, p.nc);
+        } else {
+          store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+          pend.boxes = 0;
+          consume_tile_panel<T, kS, kP, false>(smem, full, empty, a_full, a_it, cw, k_blocks, it,
+                                               acc, [](int) {});
+        }
+      }
+      // The run's products are done (consume_tile_panel's last wait): its panel slots go back.
+      if (threadIdx.x % 32 == 0)
+        for (int kb = 0; kb < k_blocks; ++kb) mbar_arrive_cluster(&a_empty[(a_it + kb) % kP], rank);
+      a_it += k_blocks;
+    }
+    store_half_tma<0>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+    store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+  cluster_sync();  // as in grouped_rows_kernel
+#endif
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
@@ -1575,6 +1777,30 @@ void launch_cols_kernel(const ColGroupedProduct& p, const WParams& kp, Stream s)
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
+std::atomic<int64_t> g_panel_launches{0};
+
+template <class T, class TC, int kS, int kP>
+void launch_cols_panel(const ColGroupedProduct& p, const WParams& kp, Stream s) {
+  constexpr int kSmem = PanelShape{kS, kP}.smem();
+  auto kernel = grouped_cols_panel_kernel<T, TC, kS, kP>;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    MOE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  });
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.nc), static_cast<cuuint64_t>(p.mc),
+                              static_cast<cuuint64_t>(p.groups)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.nc) * 2,
+                                 static_cast<cuuint64_t>(p.mc * p.nc) * 2};
+  const cuuint32_t box[3] = {64, 64, 1};
+  const CUtensorMap tm_c = make_map(p.c_type, p.c, 3, dims, strides, box);
+  static const int max_clusters = cluster_count(reinterpret_cast<const void*>(kernel), kSmem);
+  const int grid = kCluster * std::min(kp.tiles / kp.n_tiles, max_clusters);
+  kernel<<<grid, kThreads, kSmem, s>>>(tm_c, kp);
+  MOE_CUDA_CHECK(cudaGetLastError());
+  g_panel_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
 // 16-bit c without accumulation takes the asynchronous (TMA store) epilogue unless
 // MOE_SM90_WGRAD_STORE=sync (benchmark knob: the epilogue through the warps' stores); fp32 c and
 // accumulation always take the latter (fp32 c would need four staging rounds in the 32 KiB beside
@@ -1583,8 +1809,13 @@ template <class T, class TC>
 void launch_cols_typed(const ColGroupedProduct& p, const WParams& kp, Stream s) {
   if constexpr (sizeof(TC) == 2) {
     if (!p.accumulate && wgrad_store_tma()) {
-      return wgrad_defer_store() ? launch_cols_kernel<T, TC, true, true>(p, kp, s)
-                                 : launch_cols_kernel<T, TC, true>(p, kp, s);
+      if (!wgrad_defer_store()) return launch_cols_kernel<T, TC, true>(p, kp, s);
+      if (p.max_group_rows > 0 && p.max_group_rows <= kPanelRows && wgrad_panel_setting()) {
+        WParams panel = kp;
+        panel.pairs_inner = false;  // runs: one i-pair by every column tile (decode_w)
+        return launch_cols_panel<T, TC, kPanel.stages, kPanel.blocks>(p, panel, s);
+      }
+      return launch_cols_kernel<T, TC, true, true>(p, kp, s);
     }
   }
   launch_cols_kernel<T, TC, false>(p, kp, s);
@@ -1734,6 +1965,14 @@ bool wgrad_defer_store() {
 
 bool dynamic_schedule() {
   return two_way_setting("MOE_SM90_SCHED", "dynamic", "static");
+}
+
+bool wgrad_panel_setting() {
+  return two_way_setting("MOE_SM90_WGRAD_PANEL", "auto", "off");
+}
+
+int64_t wgrad_panel_launches() {
+  return g_panel_launches.load(std::memory_order_relaxed);
 }
 
 bool available() {

@@ -187,6 +187,14 @@ bool wgrad_store_tma();
 // std::invalid_argument naming it. Read on every call. Same bits either way.
 bool wgrad_defer_store();
 
+// MOE_SM90_WGRAD_PANEL: unset, empty or "auto" true (the panel wgrad kernel where it applies:
+// every group of at most kPanelRows rows, 16-bit c written, the deferred TMA epilogue; see
+// ColGroupedProduct), "off" false (grouped_cols_kernel everywhere: A/B); anything else throws
+// std::invalid_argument naming it. Read on every call. Same bits either way.
+bool wgrad_panel_setting();
+// Launches of the panel wgrad kernel since the process started (the tests read it).
+int64_t wgrad_panel_launches();
+
 // Whether callers should pass a tile_counter: MOE_SM90_SCHED unset, empty or "dynamic" (true),
 // or "static" (false); anything else throws std::invalid_argument. Read on every call.
 bool dynamic_schedule();
@@ -263,7 +271,11 @@ struct ColGroupedProduct {
   const void* maps = nullptr;
   // Sum of col_tiles_of_group: the number of groups with rows times the entries of one.
   int32_t tiles = 0;
+  // The most rows of any group (0: not known). At most kPanelRows (384) lets the panel kernel take
+  // the product: a CTA's 128 columns of a_g stay in shared memory over the group's column tiles.
+  int64_t max_group_rows = 0;
 };
+constexpr int64_t kPanelRows = 384;
 
 // Whether launch() takes the product: available(), 16-bit operands, mc and nc multiples of 8,
 // 16-byte aligned a, b and c, rows and sizes in range.

@@ -670,6 +670,12 @@ TEST(GemmImplDefault, Sm90NarrowVariableIsParsedAndABadValueNamesIt) {
   expect_two_way_knob("MOE_SM90_NARROW", gpu::sm90::narrow_setting, "auto", "off", "on");
 }
 
+// MOE_SM90_WGRAD_PANEL's parse (host only; the kernel: Sm90GemmGpu.WgradPanelMatchesTheFp64Sums-
+// AndTheStreamingKernel runs both settings).
+TEST(GemmImplDefault, Sm90WgradPanelVariableIsParsedAndABadValueNamesIt) {
+  expect_two_way_knob("MOE_SM90_WGRAD_PANEL", gpu::sm90::wgrad_panel_setting, "auto", "off", "on");
+}
+
 TEST(GemmImplDefault, Sm90HintsVariableIsParsedAndABadValueNamesIt) {
   const ScopedEnv env("MOE_SM90_HINTS");
   for (const char* automatic : {static_cast<const char*>(nullptr), "", "auto"}) {
@@ -2068,6 +2074,45 @@ TEST(Sm90GemmGpu, SplitMatchesTheFp64SumsEverywhere) {
                std::invalid_argument);
 }
 
+// The elements of grad_w (bf16, [G, K, N]; and as fp32 where gw_f32 is given) off their fp64 sums
+// over x = filled(kSeedX) and ct = filled(kSeedCt) by more than SPEC §12's reduction bound, the
+// empty groups' not exactly zero (the sm90 wgrad tests).
+std::vector<std::string> wgrad_off_fp64(const gpu::GroupPlan& plan, int64_t used, int64_t K,
+                                        int64_t N, const Tensor& gw, const Tensor* gw_f32) {
+  Sampler s{plan, K, N, {}};
+  std::vector<double> xs(static_cast<size_t>(used * K)), cs(static_cast<size_t>(used * N));
+  for (int64_t i = 0; i < used * K; ++i) xs[i] = hv(kSeedX, i);
+  for (int64_t i = 0; i < used * N; ++i) cs[i] = hv(kSeedCt, i);
+  std::vector<double> want(static_cast<size_t>(K * N)), abs(want.size());
+  for (int64_t g = 0; g < plan.groups(); ++g) {
+    std::fill(want.begin(), want.end(), 0.0);
+    std::fill(abs.begin(), abs.end(), 0.0);
+    for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
+      for (int64_t k = 0; k < K; ++k) {
+        const double xv = xs[r * K + k];
+        for (int64_t n = 0; n < N; ++n) {
+          const double p = xv * cs[r * N + n];
+          want[k * N + n] += p;
+          abs[k * N + n] += std::fabs(p);
+        }
+      }
+    }
+    for (int64_t i = 0; i < K * N; ++i) {
+      const double got = gw.at(g * K * N + i), got32 = gw_f32 ? gw_f32->at(g * K * N + i) : 0.0;
+      if (plan.sizes[g] == 0) {
+        if (!(got == 0.0 && got32 == 0.0))
+          s.bad.push_back("grad_w of the empty group " + std::to_string(g));
+        continue;
+      }
+      s.check("grad_w", g * K * N + i, got, round_to(DType::bf16, want[i]), plan.sizes[g], abs[i]);
+      if (gw_f32)
+        s.check("grad_w fp32", g * K * N + i, got32, round_to(DType::f32, want[i]), plan.sizes[g],
+                abs[i], DType::f32);
+    }
+  }
+  return s.bad;
+}
+
 // The sm90 wgrad kernel (gpu/grouped_gemm_sm90.cuh, ColGroupedProduct): groups of 1..300 rows
 // end inside a 64-row block (1, 63, 65, 130, 200, 257, 300) or on one (64, 128), so most last
 // blocks reach into the next group's rows, which the group's TMA descriptors must cut off (zero
@@ -2125,38 +2170,9 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
                                     DType::f32, gw32.data(), K, N, false, nullptr, o);
   EXPECT_EQ(gpu::gemm_detail::sm90_kernel_calls() - before32, 1) << "fp32 wgrad on the kernel";
   const Tensor gw_f32 = gw32.download();
-  Sampler s{plan, K, N, {}};
-  std::vector<double> xs(static_cast<size_t>(used * K)), cs(static_cast<size_t>(used * N));
-  for (int64_t i = 0; i < used * K; ++i) xs[i] = hv(kSeedX, i);
-  for (int64_t i = 0; i < used * N; ++i) cs[i] = hv(kSeedCt, i);
-  std::vector<double> want(static_cast<size_t>(K * N)), abs(want.size());
-  for (int64_t g = 0; g < G; ++g) {
-    std::fill(want.begin(), want.end(), 0.0);
-    std::fill(abs.begin(), abs.end(), 0.0);
-    for (int64_t r = plan.offsets[g]; r < plan.offsets[g + 1]; ++r) {
-      for (int64_t k = 0; k < K; ++k) {
-        const double xv = xs[r * K + k];
-        for (int64_t n = 0; n < N; ++n) {
-          const double p = xv * cs[r * N + n];
-          want[k * N + n] += p;
-          abs[k * N + n] += std::fabs(p);
-        }
-      }
-    }
-    for (int64_t i = 0; i < K * N; ++i) {
-      const double got = gw.at(g * K * N + i), got32 = gw_f32.at(g * K * N + i);
-      if (sizes[g] == 0) {
-        if (!(got == 0.0 && got32 == 0.0))
-          s.bad.push_back("grad_w of the empty group " + std::to_string(g));
-        continue;
-      }
-      s.check("grad_w", g * K * N + i, got, round_to(DType::bf16, want[i]), sizes[g], abs[i]);
-      s.check("grad_w fp32", g * K * N + i, got32, round_to(DType::f32, want[i]), sizes[g], abs[i],
-              DType::f32);
-    }
-  }
-  EXPECT_TRUE(s.bad.empty()) << s.bad.size()
-                             << " elements off, first: " << (s.bad.empty() ? "" : s.bad.front());
+  const std::vector<std::string> bad = wgrad_off_fp64(plan, used, K, N, gw, &gw_f32);
+  EXPECT_TRUE(bad.empty()) << bad.size()
+                           << " elements off, first: " << (bad.empty() ? "" : bad.front());
   EXPECT_TRUE(gw.bitwise_equal(run())) << "two runs differ";
   const ScopedEnv hints("MOE_SM90_HINTS");
   hints.set("000");
@@ -2167,6 +2183,74 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   const ScopedEnv defer("MOE_SM90_WGRAD_DEFER");
   defer.set("off");
   EXPECT_TRUE(gw.bitwise_equal(run())) << "the deferred epilogue changes the bits";
+}
+
+// The panel wgrad kernel (grouped_cols_panel_kernel: a_g's 128 columns resident in shared memory
+// over the group's column tiles), taken where every group has at most sm90::kPanelRows rows. 80
+// groups of 0-384 rows (1-6 blocks of 64, ending inside a block or on one, tail rows inf as
+// above), K = 328 (an i-pair whose second CTA has no rows, a warpgroup with 8) and N = 520 (a
+// one-box column tile): 158 runs of 3 tiles, 2-3 runs per H200 cluster, so the panel's slot ring
+// wraps and a run's first blocks load beside the previous run's. Every element against its fp64
+// sum, the same bits as grouped_cols_kernel (MOE_SM90_WGRAD_PANEL=off), the launch counted; a
+// group of kPanelRows + 1 rows sends the product to grouped_cols_kernel.
+TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
+  MOE_SKIP_WITHOUT_SM90();
+  std::vector<int64_t> sizes = {1,   63,  64,  65,  0,   128, 191, 192,
+                                200, 256, 257, 300, 320, 321, 383, 384};
+  for (int j = 0; sizes.size() < 80; ++j) sizes.push_back(1 + (j * 149) % 384);
+  auto operands_for = [](const std::vector<int64_t>& sz) {
+    int64_t used = 0;
+    for (int64_t v : sz) used += v;
+    return used;
+  };
+  const int64_t used = operands_for(sizes);
+  const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  auto with_inf_tail = [&](const gpu::DeviceTensor& t) {
+    Tensor h = t.download();
+    const int64_t cols = t.dim(1);
+    for (int64_t i = used * cols; i < R * cols; ++i)
+      h.set(i, std::numeric_limits<double>::infinity());
+    return gpu::DeviceTensor::upload(h);
+  };
+  const gpu::DeviceTensor x = with_inf_tail(filled({R, K}, kSeedX));
+  const gpu::DeviceTensor ct = with_inf_tail(filled({R, N}, kSeedCt));
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.poison = true;
+  o.sm90_wgrad = true;
+  auto run = [&](const gpu::GroupPlan& pl, int64_t groups) {
+    gpu::DeviceTensor gw(DType::bf16, {groups, K, N});
+    gpu::gemm_detail::poison(gw, nullptr);
+    gpu::gemm_detail::zero_empty_groups(pl, gw.data(), K * N, 2, nullptr);
+    gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, pl, DType::bf16, x.data(), ct.data(),
+                                      DType::bf16, gw.data(), K, N, false, nullptr, o);
+    return gw.download();
+  };
+  const int64_t before = gpu::sm90::wgrad_panel_launches();
+  const Tensor gw = run(plan, G);
+  ASSERT_EQ(gpu::sm90::wgrad_panel_launches() - before, 1) << "the panel kernel took the product";
+  const std::vector<std::string> bad = wgrad_off_fp64(plan, used, K, N, gw, nullptr);
+  EXPECT_TRUE(bad.empty()) << bad.size()
+                           << " elements off, first: " << (bad.empty() ? "" : bad.front());
+  EXPECT_TRUE(gw.bitwise_equal(run(plan, G))) << "two runs differ";
+  {
+    const ScopedEnv panel("MOE_SM90_WGRAD_PANEL");
+    panel.set("off");
+    const int64_t off_before = gpu::sm90::wgrad_panel_launches();
+    EXPECT_TRUE(gw.bitwise_equal(run(plan, G))) << "grouped_cols_kernel's bits differ";
+    EXPECT_EQ(gpu::sm90::wgrad_panel_launches(), off_before) << "off still took the panel";
+  }
+  std::vector<int64_t> over = sizes;
+  over[3] = gpu::sm90::kPanelRows + 1;  // more rows than R holds past group 3: shrink the others
+  over[15] = 0;
+  over[14] = 0;
+  over[13] = 0;
+  ASSERT_LE(operands_for(over), used);
+  const int64_t over_before = gpu::sm90::wgrad_panel_launches();
+  run(gpu::make_group_plan(over, R), G);
+  EXPECT_EQ(gpu::sm90::wgrad_panel_launches(), over_before)
+      << "a group of kPanelRows + 1 rows went to the panel kernel";
 }
 
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
