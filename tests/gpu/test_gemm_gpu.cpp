@@ -2188,11 +2188,15 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
 // The panel wgrad kernel (grouped_cols_panel_kernel: a_g's 128 columns resident in shared memory
 // over the group's column tiles), taken where every group has at most sm90::kPanelRows rows. 80
 // groups of 0-384 rows (1-6 blocks of 64, ending inside a block or on one, tail rows inf as
-// above), K = 328 (an i-pair whose second CTA has no rows, a warpgroup with 8) and N = 520 (a
-// one-box column tile): 158 runs of 3 tiles, 2-3 runs per H200 cluster, so the panel's slot ring
-// wraps and a run's first blocks load beside the previous run's. Every element against its fp64
-// sum, the same bits as grouped_cols_kernel (MOE_SM90_WGRAD_PANEL=off), the launch counted; a
-// group of kPanelRows + 1 rows sends the product to grouped_cols_kernel.
+// above), K = 328 (an i-pair whose second CTA has no rows, a warpgroup with 8) and N = 776 (a
+// one-box column tile): 158 runs of 4 tiles, 2-3 runs per H200 cluster, so the panel's slot ring
+// wraps and a run's first blocks load beside the previous run's. With 2 i-pairs and 4 column
+// tiles a group's second run starts at its entry 4, whose i-pair is 0 if decoded pairs inner (as
+// grouped_cols_kernel would for this shape: mutant 107). A group of 1-64 rows has one-block tiles,
+// during which the previous block's second half is never due (written after them: mutant 106).
+// Every element against its fp64 sum, the same bits as grouped_cols_kernel
+// (MOE_SM90_WGRAD_PANEL=off), the launch counted; a group of kPanelRows + 1 rows sends the product
+// to grouped_cols_kernel.
 TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
   MOE_SKIP_WITHOUT_SM90();
   std::vector<int64_t> sizes = {1,   63,  64,  65,  0,   128, 191, 192,
@@ -2204,7 +2208,7 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
     return used;
   };
   const int64_t used = operands_for(sizes);
-  const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
+  const int64_t R = used + 9, K = 328, N = 776, G = static_cast<int64_t>(sizes.size());
   const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
   auto with_inf_tail = [&](const gpu::DeviceTensor& t) {
     Tensor h = t.download();

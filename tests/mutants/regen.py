@@ -545,11 +545,11 @@ M = [
      "const int second = 2;",
      "sm90 row kernel, deferred TMA epilogue (session 36): a tile of one or two k-blocks never "
      "reaches block 2, so the pending block's second half (columns 128-255) is dropped"),
-    ("106", "sm90_wgrad_panel_defer_one_block_half", "edge-size", "gpu/grouped_gemm_sm90.cu", 2,
-     "const int second = k_blocks >= 3 ? 2 : 1;",
-     "const int second = 2;",
-     "sm90 panel wgrad kernel (session 37): a tile of one or two k-blocks never reaches block 2, "
-     "so the previous tile's block loses its second half (columns 128-255)"),
+    ("106", "sm90_wgrad_panel_one_block_half_lost", "edge-size", "gpu/grouped_gemm_sm90.cu", 2,
+     "          if (written < 2) store_half_tma<1>(&tm_c, stage_out, cw, pend, packed, p.hint_c, pol);\n",
+     "",
+     "sm90 panel wgrad kernel (session 37): where the next tile has one k-block, the previous "
+     "tile's block never gets its second half (columns 128-255) written"),
     ("107", "sm90_wgrad_panel_pairs_inner", "index", "gpu/grouped_gemm_sm90.cu", 1,
      "panel.pairs_inner = false;",
      "panel.pairs_inner = kp.pairs_inner;",
