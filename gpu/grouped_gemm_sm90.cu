@@ -84,9 +84,9 @@ static_assert(kBM == kTileRows && kBN == kTileCols, "tile shape");
 // memory while the pair walks every column tile of c[g], so only b_g streams through the stages.
 // Per 128 x 256 tile of a 256-row group an SM then reads 64 KiB from L2 (its half of b_g's tile;
 // the peer multicasts the other half) instead of 128 (a_g's tile too), the panel's 64 KiB once a
-// run (8 tiles on the DeepSeek-like wgrad). The panel is a ring of slots:
-// the next run's first blocks load into slots this run does not use. Shared memory: 3 stages of
-// b_g (32 KiB), 6 panel slots (16 KiB), the TMA epilogue's 32 KiB of staging, the barriers.
+// run (8 tiles on the DeepSeek-like wgrad). The panel is a ring of slots: the next run's first
+// blocks load into slots this run does not use. Shared memory: 3 stages of b_g (32 KiB), 6 panel
+// slots (16 KiB), the TMA epilogue's 32 KiB of staging, the barriers.
 // The shape is a template parameter: 4 stages and 4 slots (groups of at most 256 rows) ran no
 // faster on equal groups of 256 (H200, session 37: wgrad 4.35-4.38 ms against 4.26-4.32).
 struct PanelShape {
