@@ -2202,12 +2202,12 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
   std::vector<int64_t> sizes = {1,   63,  64,  65,  0,   128, 191, 192,
                                 200, 256, 257, 300, 320, 321, 383, 384};
   for (int j = 0; sizes.size() < 80; ++j) sizes.push_back(1 + (j * 149) % 384);
-  auto operands_for = [](const std::vector<int64_t>& sz) {
+  auto rows_of = [](const std::vector<int64_t>& sz) {
     int64_t used = 0;
     for (int64_t v : sz) used += v;
     return used;
   };
-  const int64_t used = operands_for(sizes);
+  const int64_t used = rows_of(sizes);
   const int64_t R = used + 9, K = 328, N = 776, G = static_cast<int64_t>(sizes.size());
   const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
   auto with_inf_tail = [&](const gpu::DeviceTensor& t) {
@@ -2246,11 +2246,11 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
     EXPECT_EQ(gpu::sm90::wgrad_panel_launches(), off_before) << "off still took the panel";
   }
   std::vector<int64_t> over = sizes;
-  over[3] = gpu::sm90::kPanelRows + 1;  // more rows than R holds past group 3: shrink the others
+  over[3] = gpu::sm90::kPanelRows + 1;  // 321 rows more, 1088 fewer in the emptied groups: within R
   over[15] = 0;
   over[14] = 0;
   over[13] = 0;
-  ASSERT_LE(operands_for(over), used);
+  ASSERT_LE(rows_of(over), used);
   const int64_t over_before = gpu::sm90::wgrad_panel_launches();
   run(gpu::make_group_plan(over, R), G);
   EXPECT_EQ(gpu::sm90::wgrad_panel_launches(), over_before)
