@@ -31,9 +31,10 @@
 #   gemm_sm90_even_fwd  grouped_gemm    deepseek_even     fwd  the same kernel on 256 groups of
 #                       exactly 256 rows (no tails; MOE_SM90_TAIL=kernel in the caller's
 #                       environment runs the folding variant on that same work)
-#   gemm_sm90_ds_wgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_cols_kernel (the
-#                       wgrad kernel `auto` picks for groups of <= 2048 rows; its 7.5 GB of
-#                       gradient writes bound it)
+#   gemm_sm90_ds_wgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_cols_panel_kernel (the
+#                       wgrad kernel `auto` picks for groups of <= 2048 rows; the panel one where
+#                       all are <= 384; MOE_SM90_WGRAD_PANEL=off in the caller's environment
+#                       profiles grouped_cols_kernel there; 7.5 GB of gradient writes)
 #   gemm_sm90_ds_dgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_rows_kernel with K-major
 #                       weights (dgrad: the forward's bytes and FLOPs, 28 column tiles of 32
 #                       k-blocks instead of 8 of 112)
@@ -96,7 +97,7 @@ targets=(
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_mixtral_fwd;grouped_gemm;mixtral_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_even_fwd;grouped_gemm;deepseek_even;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
-  "gemm_sm90_ds_wgrad;grouped_gemm;deepseek_uniform;fwd+bwd;;grouped_cols_kernel;1"
+  "gemm_sm90_ds_wgrad;grouped_gemm;deepseek_uniform;fwd+bwd;;grouped_cols_(panel_)?kernel;1"
   "gemm_sm90_ds_dgrad;grouped_gemm;deepseek_uniform;fwd+bwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel<[^,]+, .bool.1,;1"
 )
 target_names=()
