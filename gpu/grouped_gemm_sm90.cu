@@ -893,21 +893,27 @@ __device__ __forceinline__ int wait_products(int it) {
 // Every release checks the order: the stage of iteration j goes back only once a wait has covered
 // j's products (j < done), else g_stages_freed_early counts it. The check is in program order, so
 // it sees an early release on every run, not only when a refill happens to land in time.
-template <bool kActive, bool kHold, class Mma, class Between>
+//
+// kS stages (kStages but in the panel wgrad kernel); before(kb) runs first in each iteration, ahead
+// of the stage's wait and the fence (the panel kernel waits there for its slot: a branch between
+// the fence and the commit would serialise every wgmma of the kernel, ptxas C7520).
+template <bool kActive, bool kHold, int kS, class Mma, class Between, class Before>
 __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, int k_blocks,
-                                               int& it, Mma&& mma, Between&& between) {
+                                               int& it, Mma&& mma, Between&& between,
+                                               Before&& before) {
   const int lane = threadIdx.x % 32;
   int done = it;  // iterations below are complete: the previous call waited for all it issued
   auto release = [&](int j) {
     if (lane == 0) {
       if (j >= done) atomicAdd(&g_stages_freed_early, 1ull);
-      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[j % kStages], c);
+      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[j % kS], c);
     }
   };
   int prev = -1;
   for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const int s = it % kStages;
-    mbar_wait(&full[s], (it / kStages) & 1);
+    before(kb);
+    const int s = it % kS;
+    mbar_wait(&full[s], (it / kS) & 1);
     if constexpr (kActive) {
       wgmma_fence();
       mma(s);
@@ -930,6 +936,12 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
   }
   if constexpr (kActive && kHold) done = wait_products<0>(it - 1);
   if (prev >= 0) release(prev);
+}
+
+template <bool kActive, bool kHold, class Mma, class Between>
+__device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, int k_blocks,
+                                               int& it, Mma&& mma, Between&& between) {
+  consume_stages<kActive, kHold, kStages>(full, empty, k_blocks, it, mma, between, [](int) {});
 }
 
 template <bool kActive, bool kHold, class Mma>
@@ -1085,46 +1097,35 @@ __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, ui
       between);
 }
 
-// One panel-kernel tile for one consumer warpgroup: consume_tile_w's products, with a_g's block
-// kb from panel slot (a_base + kb) % kP, waited for before the stage (its wait returns at
-// once after the run's first tile: the slot's next phase needs this run's release). kHold as in
-// consume_stages, over kS stages. The slot wait sits before wgmma_fence: a branch
-// between the fence and the commit serialises every wgmma of the kernel (ptxas C7520).
+// One panel-kernel tile for one consumer warpgroup: consume_tile_w's products over kS stages,
+// with a_g's block kb from panel slot (a_base + kb) % kP, waited for ahead of the stage (before:
+// the wait returns at once after the run's first tile, the slot's next phase needing this run's
+// release).
 template <class T, int kS, int kP, bool kActive, class Between>
 __device__ __forceinline__ void consume_tile_panel(uint8_t* smem, uint64_t* full, uint64_t* empty,
                                                    uint64_t* a_full, uint32_t a_base, int cw,
-                                                   int k_blocks, uint32_t& it, float (&acc)[128],
+                                                   int k_blocks, int& it, float (&acc)[128],
                                                    Between&& between) {
-  const int lane = threadIdx.x % 32;
-  auto release = [&](uint32_t j) {
-    if (lane == 0)
-      for (uint32_t c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[j % kS], c);
-  };
-  uint32_t prev = 0;
-  for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-    const uint32_t u = a_base + kb, slot = u % kP, s = it % kS;
-    mbar_wait(&a_full[slot], (u / kP) & 1);
-    mbar_wait(&full[s], (it / kS) & 1);
-    if constexpr (kActive) {
-      wgmma_fence();
-      const uint32_t sa =
-          smem_addr(smem + PanelShape{kS, kP}.at() + slot * kABytes) + cw * kChunkBytes;
-      const uint32_t sb = smem_addr(smem + s * kBBytes);
+  uint32_t slot = 0;
+  consume_stages<kActive, true, kS>(
+      full, empty, k_blocks, it,
+      [&](int s) {
+        const uint32_t sa =
+            smem_addr(smem + PanelShape{kS, kP}.at() + slot * kABytes) + cw * kChunkBytes;
+        const uint32_t sb = smem_addr(smem + s * kBBytes);
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
-        const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
-        wgmma_m64n256k16<T, 1, 1>(acc, da, db);
-      }
-      wgmma_commit();
-      between(kb);
-      wait_products<1>(static_cast<int>(it));  // the previous block's products: free its stage
-    }
-    if (kb > 0) release(prev);
-    prev = it;
-  }
-  if constexpr (kActive) wait_products<0>(0);
-  if (k_blocks > 0) release(prev);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
+          const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
+          wgmma_m64n256k16<T, 1, 1>(acc, da, db);
+        }
+      },
+      between,
+      [&](int kb) {
+        const uint32_t u = a_base + kb;
+        slot = u % kP;
+        mbar_wait(&a_full[slot], (u / kP) & 1);
+      });
 }
 
 #endif  // MOE_SM90_KERNEL
@@ -1594,7 +1595,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     uint32_t packed[64];        // the previous tile's block (grouped_cols_kernel's kDefer)
     OutBlock pend{0, 0, 0, 0};  // boxes 0: nothing pending
     const uint64_t pol = p.hint_c ? l2_policy(p.hint_c) : 0;
-    uint32_t it = 0, a_it = 0;
+    int it = 0;
+    uint32_t a_it = 0;
     int4 rec = group_record(p, cluster_id * p.n_tiles);
     for (int r = cluster_id; r < runs; r += clusters) {
       const WTile tl = decode_w(p, r * p.n_tiles, rank, rec);

@@ -2074,6 +2074,16 @@ TEST(Sm90GemmGpu, SplitMatchesTheFp64SumsEverywhere) {
                std::invalid_argument);
 }
 
+// t [R, cols] with its rows from `used` on set to inf: rows past every group, which no wgrad
+// product may read (the sm90 wgrad tests).
+gpu::DeviceTensor inf_past(const gpu::DeviceTensor& t, int64_t used) {
+  Tensor h = t.download();
+  const int64_t cols = t.dim(1);
+  for (int64_t i = used * cols; i < t.dim(0) * cols; ++i)
+    h.set(i, std::numeric_limits<double>::infinity());
+  return gpu::DeviceTensor::upload(h);
+}
+
 // The elements of grad_w (bf16, [G, K, N]; and as fp32 where gw_f32 is given) off their fp64 sums
 // over x = filled(kSeedX) and ct = filled(kSeedCt) by more than SPEC §12's reduction bound, the
 // empty groups' not exactly zero (the sm90 wgrad tests).
@@ -2140,15 +2150,8 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   for (int64_t v : sizes) used += v;
   const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
   const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  auto with_inf_tail = [&](const gpu::DeviceTensor& t) {
-    Tensor h = t.download();
-    const int64_t cols = t.dim(1);
-    for (int64_t i = used * cols; i < R * cols; ++i)
-      h.set(i, std::numeric_limits<double>::infinity());
-    return gpu::DeviceTensor::upload(h);
-  };
-  const gpu::DeviceTensor x = with_inf_tail(filled({R, K}, kSeedX)), w = filled({G, K, N}, kSeedW);
-  const gpu::DeviceTensor ct = with_inf_tail(filled({R, N}, kSeedCt));
+  const gpu::DeviceTensor x = inf_past(filled({R, K}, kSeedX), used), w = filled({G, K, N}, kSeedW);
+  const gpu::DeviceTensor ct = inf_past(filled({R, N}, kSeedCt), used);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
@@ -2210,15 +2213,8 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
   const int64_t used = rows_of(sizes);
   const int64_t R = used + 9, K = 328, N = 776, G = static_cast<int64_t>(sizes.size());
   const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  auto with_inf_tail = [&](const gpu::DeviceTensor& t) {
-    Tensor h = t.download();
-    const int64_t cols = t.dim(1);
-    for (int64_t i = used * cols; i < R * cols; ++i)
-      h.set(i, std::numeric_limits<double>::infinity());
-    return gpu::DeviceTensor::upload(h);
-  };
-  const gpu::DeviceTensor x = with_inf_tail(filled({R, K}, kSeedX));
-  const gpu::DeviceTensor ct = with_inf_tail(filled({R, N}, kSeedCt));
+  const gpu::DeviceTensor x = inf_past(filled({R, K}, kSeedX), used);
+  const gpu::DeviceTensor ct = inf_past(filled({R, N}, kSeedCt), used);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.poison = true;
