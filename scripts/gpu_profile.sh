@@ -21,8 +21,8 @@
 #   router_mixtral_fwd  topk_router     mixtral           fwd  rowk::fwd_kernel / fwd8_kernel
 #   aux_mixtral_fwd     aux_loss_scores mixtral           fwd  rowk::fwd_kernel / fwd8_kernel
 #   aux_mixtral_bwd     aux_loss_scores mixtral           bwd  rowk::bwd_kernel
-#   combine_ds_fwd      token_combine   deepseek_v3       fwd  gather_sum_kernel
-#   dispatch_ds_bwd     token_dispatch  deepseek_v3       bwd  gather_sum_kernel +
+#   combine_ds_fwd      token_combine   deepseek_v3       fwd  gather_sum(_bulk)?_kernel
+#   dispatch_ds_bwd     token_dispatch  deepseek_v3       bwd  gather_sum(_bulk)?_kernel +
 #                                                              dispatch_bwd_probs_kernel
 #   gemm_sm90_ds_fwd    grouped_gemm    deepseek_uniform  fwd  sm90 grouped_rows_kernel
 #                       (MOE_GEMM_IMPL=sm90: gpu/grouped_gemm.cu's default_gemm_impl; where the
@@ -92,8 +92,8 @@ targets=(
   "router_mixtral_fwd;topk_router;mixtral;fwd;;rowk::fwd8?_kernel;1"
   "aux_mixtral_fwd;aux_loss_scores;mixtral;fwd;;rowk::fwd8?_kernel;1"
   "aux_mixtral_bwd;aux_loss_scores;mixtral;bwd;;rowk::bwd_kernel;1"
-  "combine_ds_fwd;token_combine;deepseek_v3;fwd;;gather_sum_kernel;1"
-  "dispatch_ds_bwd;token_dispatch;deepseek_v3;bwd;;gather_sum_kernel|dispatch_bwd_probs_kernel;2"
+  "combine_ds_fwd;token_combine;deepseek_v3;fwd;;gather_sum(_bulk)?_kernel;1"
+  "dispatch_ds_bwd;token_dispatch;deepseek_v3;bwd;;gather_sum(_bulk)?_kernel|dispatch_bwd_probs_kernel;2"
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_mixtral_fwd;grouped_gemm;mixtral_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_even_fwd;grouped_gemm;deepseek_even;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
