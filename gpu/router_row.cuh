@@ -704,8 +704,9 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
 //  - decode: the lane's slots with z >= thr are its picks unless the threshold value is split;
 //  - the routing map's bytes from the bits by a multiply (no per-bit shifts).
 
-// Sigmoid table: bf16 bit patterns |x| in [kSigLo, kSigLo + kSigN), entry 2 i + s = sigmoid of the
-// pattern (kSigLo + i) | (s << 15).
+// Sigmoid table: bf16 bit patterns |x| in [kSigLo, kSigLo + kSigN), indexed by the pattern's low
+// 11 bits (kSigN = 2^11 consecutive patterns: one each): entry 2 i + s = sigmoid of the pattern p
+// with p % kSigN == i, with sign s.
 inline constexpr uint32_t kSigLo = 0x3980u;  // 2^-12
 inline constexpr uint32_t kSigN = 0x800u;    // up to 2^4 (exclusive)
 
@@ -738,8 +739,8 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   const bool use_lut = kLut && a.fn == kSigmoid;
   if (use_lut) {
     for (uint32_t t = threadIdx.x; t < 2 * kSigN; t += kBlock) {
-      slut[t] =
-          score::sigmoid_f32(bits16_to_f32<__nv_bfloat16>((kSigLo + (t >> 1)) | ((t & 1u) << 15)));
+      const uint32_t p = kSigLo + (((t >> 1) - kSigLo) & (kSigN - 1u));
+      slut[t] = score::sigmoid_f32(bits16_to_f32<__nv_bfloat16>(p | ((t & 1u) << 15)));
     }
   }
   pdl_wait_and_trigger();
@@ -791,22 +792,40 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   if (pf && row0 < a.T && nvalid > 0) ldg_raw8(logits + row0 * E + e0, nx, ny);
   if (pf2 && row0 + stride < a.T && nvalid > 0) prefetch_l2(logits + (row0 + stride) * E + e0);
 
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * RPB; base < a.T; base += stride) {
-    const int64_t row = base + static_cast<int64_t>(threadIdx.x) / LANES;
-    const bool active = row < a.T;
+  // Variant 2 (one warp per row) steps over the warp's own rows by their offset row * E + e0,
+  // which is below lim = T * E + e0 iff the row is below T: every row it sees is active, and it
+  // does no 64-bit multiplies per row.
+  const int64_t step = stride * E, lim = a.T * E + e0;
+  int64_t off2 = row0 * E + e0;
+  for (int64_t base = kV2 ? row0 : static_cast<int64_t>(blockIdx.x) * RPB;
+       kV2 ? off2 < lim : base < a.T; base += stride, off2 += step) {
+    const int64_t row = kV2 ? base : base + static_cast<int64_t>(threadIdx.x) / LANES;
+    const bool active = kV2 || row < a.T;
     const int n = active ? nvalid : 0;
-    const int64_t off = row * static_cast<int64_t>(E) + e0;
+    const int64_t off = kV2 ? off2 : row * static_cast<int64_t>(E) + e0;
     const uint32_t validbits = (1u << n) - 1u;
-    if constexpr (kV2) {
-      if (!active) continue;  // one warp per row: uniform, and every later row is inactive too
-    }
 
     float z[8];
     uint4 rx = make_uint4(0u, 0u, 0u, 0u), ry = rx;  // variant 2: the row's raw words
-    {
+    if constexpr (kV2) {
+      if (pf) {
+        rx = nx, ry = ny;
+        const int64_t noff = off + step;
+        if (noff < lim && nvalid > 0) ldg_raw8(logits + noff, nx, ny);
+        if (pf2 && noff + step < lim && nvalid > 0) prefetch_l2(logits + noff + step);
+      } else if (n > 0) {
+        ldg_raw8(logits + off, rx, ry);  // vec: all 8 present
+      }
+      // Decoded only where the sigmoid table is not used (it reads the raw words).
+      if (!use_lut) {
+        float v[8];
+        decode8<TIn>(rx, ry, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) z[j] = j < n ? v[j] : -INFINITY;
+      }
+    } else {
       float v[8];
       if (pf) {
-        if constexpr (kV2) rx = nx, ry = ny;
         decode8<TIn>(nx, ny, v);
         const int64_t nrow = row + stride;
         if (nrow < a.T && nvalid > 0) ldg_raw8(logits + nrow * E + e0, nx, ny);
@@ -814,12 +833,7 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
           prefetch_l2(logits + (nrow + stride) * E + e0);
         }
       } else if (n > 0) {
-        if constexpr (kV2) {
-          ldg_raw8(logits + off, rx, ry);  // vec: all 8 present
-          decode8<TIn>(rx, ry, v);
-        } else {
-          load8(logits + off, vec && n == 8, n, v);
-        }
+        load8(logits + off, vec && n == 8, n, v);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) z[j] = j < n ? v[j] : -INFINITY;
@@ -837,31 +851,26 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
     if (use_lut) {
       // Variant 2, bf16 sigmoid: table lookups; the inputs outside it are computed.
       const uint32_t w[4] = {rx.x, rx.y, rx.z, rx.w};
-      // Entry 2 i + s of the j-th value as a byte offset, from its word without extracting the
-      // half: i wraps below kSigLo and is clamped to kSigN - 1 (a valid entry, overwritten below
-      // on a miss), and the misses are found from the largest i of each half (low halves: i; high
-      // halves: i << 16), instead of a hit test, a select and a miss bit per value. The hits read
-      // the same entries as before; lanes without experts (n == 0) read a different entry, but
-      // their z is never stored nor selected.
+      // Entry 2 i + s of each value as a byte offset 8 i + 4 s, from its word without extracting
+      // the half: rotated left by 3, the low value's i sits at bits 3..13 and the high value's
+      // sign at bit 2; rotated right by 13, the high value's i and the low value's sign. A value
+      // outside the table reads some entry, overwritten below; lanes without experts (n == 0)
+      // read entry 0, but their z is never stored nor selected.
       const char* lut = reinterpret_cast<const char*>(slut);
-      uint32_t imax_lo = 0, imax_hi = 0;
+      // Misses: |p| is in the table iff bits 11..14 of p + 0x680 are 1000. Per word, both halves
+      // at once; a carry out of the low half happens only for a low value that misses (p >=
+      // 0xf980), so it can hide no miss. OR over the words, then one test.
+      uint32_t out = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t x = w[j / 2];
-        uint32_t byte_off;  // 4 (2 i + s)
-        if (j & 1) {
-          const uint32_t i = (x & 0x7fff0000u) - (kSigLo << 16);
-          imax_hi = max(imax_hi, i);
-          byte_off = (min(i, (kSigN - 1u) << 16) >> 13) + ((x >> 31) << 2);
-        } else {
-          const uint32_t i = (x & 0x7fffu) - kSigLo;
-          imax_lo = max(imax_lo, i);
-          byte_off = (min(i, kSigN - 1u) << 3) + ((x >> 13) & 4u);
-        }
-        z[j] = *reinterpret_cast<const float*>(lut + byte_off);
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t x = w[k];
+        const uint32_t l3 = __funnelshift_l(x, x, 3), r13 = __funnelshift_r(x, x, 13);
+        z[2 * k] = *reinterpret_cast<const float*>(lut + ((l3 & 0x3ff8u) | (r13 & 4u)));
+        z[2 * k + 1] = *reinterpret_cast<const float*>(lut + ((r13 & 0x3ff8u) | (l3 & 4u)));
+        out |= (x + 0x06800680u) ^ 0x40004000u;
       }
       // Some value of this lane is outside the table (lanes without experts: none).
-      const bool miss = n != 0 && max(imax_lo, imax_hi >> 16) >= kSigN;
+      const bool miss = n != 0 && (out & 0x78007800u) != 0u;
       if (__any_sync(0xffffffffu, miss)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -932,6 +941,12 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) sk[j] = (kV2 || j < n) ? ord_key_nz(z[j]) : 0u;
     sort8_desc(sk);
+    if constexpr (kV2) {
+      // An empty asm per key: the compiler then sorts once, instead of a partial sort for the
+      // group scores and the full sort again after the group selection.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) asm("" : "+r"(sk[j]));
+    }
     // Variant 2: whether this lane's keys take part in the top-K (its head is cleared otherwise;
     // a lane without experts, n == 0, is in no group).
     bool keep = n > 0;
@@ -946,7 +961,10 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
           if (r < kp) acc = acc + key_value(sk[r]);
       } else if (kp <= 2) {
         uint32_t t1 = sk[0], t2 = kp == 2 ? sk[1] : 0u;
-        for (int o = 1; o < gw; o *= 2) {
+        // Unrolled (gw <= 32): no loop counter per level.
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2) {
+          if (o >= gw) break;
           const uint32_t u1 = __shfl_xor_sync(0xffffffffu, t1, o);
           const uint32_t u2 = __shfl_xor_sync(0xffffffffu, t2, o);
           const uint32_t hi = max(t1, u1);
@@ -1035,7 +1053,8 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       first = 0u;
       thr = 0u;
       c = 0;
-      const uint32_t ltmask = mybit - 1u;
+      const uint32_t lemask = (mybit - 1u) | mybit;  // lanes up to this one
+      uint32_t wins = 0;  // bit r: this lane won round r (one bit per round, counted once)
       // Always 8 rounds, without a branch (a branch around each round made ptxas re-check the
       // warp's convergence before every REDUX): a round r >= K finds no winner (r < a.K is part of
       // the win test), so it changes nothing; its REDUX and ballot are pure.
@@ -1045,14 +1064,16 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         const uint32_t m = __reduce_max_sync(0xffffffffu, h);
         const bool eq = h == m && h != 0u;
         const uint32_t b = __ballot_sync(0xffffffffu, eq);
-        // The lowest lane holding the maximum, in a round r < K.
-        const bool win = eq && (b & ltmask) == 0u && r < a.K;
+        // The lowest lane holding the maximum (b has this lane's bit and none below it: one
+        // three-input test), in a round r < K.
+        const bool win = ((b ^ mybit) & lemask) == 0u && r < a.K;
         thr = win ? h : thr;
-        c += win ? 1 : 0;
+        wins |= win ? 1u << r : 0u;
 #pragma unroll
         for (int j = 0; j < 7; ++j) sk[j] = win ? sk[j + 1] : sk[j];
         sk[7] = win ? 0u : sk[7];
       }
+      c = __popc(wins);
     } else if constexpr (LANES == 1) {
       first = sk[0];
       thr = sk[0];
@@ -1163,8 +1184,8 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         if (has_bias) load_bias(bias);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          // v = fl(fl(s + b) - b): z already holds fl(s + b).
-          p[j] = selected(j) ? (has_bias ? z[j] - bias[j] : z[j]) : 0.0f;
+          // v = fl(fl(s + b) - b): z already holds fl(s + b). Unselected slots are zeroed below.
+          p[j] = has_bias ? z[j] - bias[j] : z[j];
           if (selected(j)) sum = sum + p[j];
         }
         if (a.K > 1) {
@@ -1178,11 +1199,12 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       if (n > 0) store8(static_cast<TIn*>(a.probs) + off, kV2 || (vec && n == 8), n, p);
     }
     if (n > 0) {
-      uint8_t* dst = a.map + row * mapw + (a.bitmap ? e0 / 8 : e0);
       if (kV2 && a.bitmap == 0) {  // vec: 8 bytes, 8-byte aligned
-        *reinterpret_cast<uint2*>(dst) =
+        *reinterpret_cast<uint2*>(a.map + off) =
             make_uint2(bits4_to_bytes(selbits & 0xfu), bits4_to_bytes(selbits >> 4));
       } else {
+        // Variant 2 (vec: E % 8 == 0): a bitmap row's byte offset is off / 8.
+        uint8_t* dst = a.map + (kV2 ? off >> 3 : row * mapw + (a.bitmap ? e0 / 8 : e0));
         store_map8(dst, a.bitmap != 0, vec && n == 8, n, selbits);
       }
     }
