@@ -2,6 +2,7 @@
 """SASS instructions one warp issues per row of a row kernel, along one chosen path (no GPU).
 
     scripts/sass_row_path.py --rules scripts/sass_row_path_router.rules [--src .] [-v]
+    scripts/sass_row_path.py --rules R --dis SAVED   # a saved `nvdisasm -g -c` output instead
 
 Builds a one-kernel cubin (the instantiation named in the rules file's `instantiate`, sm_90,
 the build's device flags) from the tree at --src, disassembles it with nvdisasm (line info) and
@@ -42,12 +43,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rules", required=True)
     ap.add_argument("--src", default=".")
+    ap.add_argument("--dis", help="a saved `nvdisasm -g -c` output (no compile)")
     ap.add_argument("-v", action="store_true", help="print the walked instructions")
     args = ap.parse_args()
     spec = {}
     exec(open(args.rules).read(), spec)
-    lines = compile_and_disassemble(os.path.abspath(args.src), spec["instantiate"],
-                                    spec["include"])
+    if args.dis:
+        lines = open(args.dis).read().splitlines()
+    else:
+        lines = compile_and_disassemble(os.path.abspath(args.src), spec["instantiate"],
+                                        spec["include"])
     ins, labels, cur, src = [], {}, None, {}
     for line in lines:
         m = re.match(r'\s*//## File "(.*?)", line (\d+)', line)
@@ -67,7 +72,10 @@ def main():
             return ""
         f, n = loc
         if f not in src:
-            src[f] = open(f).read().split("\n") if os.path.exists(f) else []
+            path = f
+            if not os.path.exists(path) and args.dis:  # a saved file's sources beside it
+                path = os.path.join(os.path.dirname(args.dis), os.path.basename(f))
+            src[f] = open(path).read().split("\n") if os.path.exists(path) else []
         return src[f][n - 1].strip() if 0 < n <= len(src[f]) else ""
 
     def target(t):
