@@ -548,7 +548,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // so an SM has at most 28 KB of loads in flight and often none (H100, DeepSeek-V3 combine: 89% of
 // copy bandwidth). Here one producer warp decodes slots and issues cp.async.bulk copies of row
 // chunks into a ring of kBulkStages shared-memory stages (kBulkGroup slots x up to kBulkChunk
-// bytes each) ahead of 256 consumer threads, so up to 4 x 32 KB are in flight an SM.
+// bytes each) ahead of 256 consumer threads, two CTAs an SM, so up to 2 x 2 x 32 KB are in flight
+// an SM. With one CTA of 4 stages an SM the combine forward (merging probs) ran 18% behind the
+// dispatch backward (the same kernel and bytes, no weights): 622 against 529 us, 82% of copy
+// bandwidth (H200; without the weight loads 518 us); two CTAs of 2 stages ran both at 515-525 us,
+// 97-99% (session 38). One producer an SM was the pacing item: a stall of its decode (the weight
+// load of each slot) idled the SM's copies; the second CTA's producer fills that gap.
 // A work item is (token t, column chunk c, slot group g): slots g * kBulkGroup ... of t, chunk c
 // of their rows. Consumer thread j owns 16-byte vector j of the chunk: its accumulators start at 0
 // on the first group of (t, c), add f32(row_k[j]) * w_k in slot order, and are rounded and stored
@@ -562,7 +567,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 constexpr int kBulkConsumers = 256;              // one 16-byte vector of a chunk each
 constexpr int kBulkChunk = kBulkConsumers * 16;  // bytes of a row per work item, at most
 constexpr int kBulkGroup = 8;                    // slots per work item
-constexpr int kBulkStages = 4;
+constexpr int kBulkStages = 2;
+constexpr int kBulkCtasPerSm = 2;
 constexpr int kOutSlots = 4;  // staged output chunks; a slot is reused after kOutSlots - 1 more
 constexpr int kBulkThreads = kBulkConsumers + 32;  // + the producer warp
 constexpr int kBulkStageBytes = kBulkGroup * kBulkChunk;
@@ -586,7 +592,7 @@ static_assert((kBulkStages * kBulkStageBytes + kBulkStages * sizeof(BulkItem) +
               "the output slots must be 16-byte aligned for bulk copies");
 
 template <class T, int N>
-__global__ void __launch_bounds__(kBulkThreads, 1)
+__global__ void __launch_bounds__(kBulkThreads, kBulkCtasPerSm)
     gather_sum_bulk_kernel(const T* src, long long src_rows, const int32_t* rid, const int32_t* pad,
                            const void* wts, int wcode, T* out, long long Tn, long long E,
                            long long H, int chunks, int chunk_bytes, void* err) {
@@ -940,8 +946,8 @@ void launch_gather_sum(const T* src, long long src_rows, const int32_t* rid, con
       check_launch("gather_sum_kernel");
       return;
     }
-    // Rows of 16-byte vectors: the bulk-copy kernel, one CTA an SM (its ring takes 129 KB of
-    // shared memory; the attribute is set once a process, on the device num_sms() describes).
+    // Rows of 16-byte vectors: the bulk-copy kernel, kBulkCtasPerSm CTAs an SM (80 KB of shared
+    // memory each; the attribute is set once a process, on the device num_sms() describes).
     // Chunks of at most kBulkChunk bytes, as equal as 16-byte multiples allow.
     static const bool attr_set = [] {
       MOE_CUDA_CHECK(cudaFuncSetAttribute(gather_sum_bulk_kernel<T, N>,
@@ -952,7 +958,8 @@ void launch_gather_sum(const T* src, long long src_rows, const int32_t* rid, con
     const long long row_bytes = H * static_cast<long long>(sizeof(T));
     const long long chunks = ceil_div(row_bytes, kBulkChunk);
     const long long chunk_bytes = ceil_div(ceil_div(row_bytes, chunks), 16) * 16;
-    const unsigned grid = static_cast<unsigned>(std::min<long long>(Tn, num_sms()));
+    const unsigned grid =
+        static_cast<unsigned>(std::min<long long>(Tn, num_sms() * kBulkCtasPerSm));
     gather_sum_bulk_kernel<T, N><<<grid, kBulkThreads, kBulkSmem, s>>>(
         src, src_rows, rid, pad, wts, wcode, out, Tn, E, H, static_cast<int>(chunks),
         static_cast<int>(chunk_bytes), err);

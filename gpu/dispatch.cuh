@@ -20,9 +20,9 @@
 //   dispatch bwd / combine fwd
 //                  each token's n_t source rows are gathered through row_id_map and summed in
 //                  fp32 in slot order (descending expert): a gather, no atomics, deterministic.
-//                  Rows of 16-byte vectors: one CTA an SM, a producer warp bulk-copies row chunks
-//                  (cp.async.bulk) into a shared-memory ring ahead of the summing threads; other
-//                  rows: one CTA per token, loads from registers.
+//                  Rows of 16-byte vectors: two CTAs an SM, each with a producer warp that
+//                  bulk-copies row chunks (cp.async.bulk) into a shared-memory ring ahead of the
+//                  summing threads; other rows: one CTA per token, loads from registers.
 //   combine bwd    the owner of each row of grad_permuted (the last slot mapping to it, as the
 //                  reference's sequential writes leave it) is found with an integer atomicMax;
 //                  then one warp per slot writes the row its slot owns (ct[t], times w_k with
