@@ -27,16 +27,16 @@ from collections import Counter
 
 
 def compile_and_disassemble(src, instantiate, include):
-    work = tempfile.mkdtemp(prefix="sass_row_path.")
-    cu, cubin = os.path.join(work, "one.cu"), os.path.join(work, "one.cubin")
-    with open(cu, "w") as f:
-        f.write(f'#include "{include}"\n{instantiate}\n')
-    subprocess.run(["nvcc", "-DMOE_WITH_CUDA=1", "-I" + os.path.join(src, "include"), "-I" + src,
-                    "-O3", "-DNDEBUG", "-arch=sm_90", "--fmad=false", "-lineinfo",
-                    "--expt-relaxed-constexpr", "-std=c++17", "-cubin", cu, "-o", cubin],
-                   check=True)
-    return subprocess.run(["nvdisasm", "-g", "-c", cubin], check=True, capture_output=True,
-                          text=True).stdout.splitlines()
+    with tempfile.TemporaryDirectory(prefix="sass_row_path.") as work:
+        cu, cubin = os.path.join(work, "one.cu"), os.path.join(work, "one.cubin")
+        with open(cu, "w") as f:
+            f.write(f'#include "{include}"\n{instantiate}\n')
+        subprocess.run(["nvcc", "-DMOE_WITH_CUDA=1", "-I" + os.path.join(src, "include"),
+                        "-I" + src, "-O3", "-DNDEBUG", "-arch=sm_90", "--fmad=false", "-lineinfo",
+                        "--expt-relaxed-constexpr", "-std=c++17", "-cubin", cu, "-o", cubin],
+                       check=True)
+        return subprocess.run(["nvdisasm", "-g", "-c", cubin], check=True, capture_output=True,
+                              text=True).stdout.splitlines()
 
 
 def main():
