@@ -275,6 +275,9 @@ struct FwdArgs {
   // 2 = also prefetch the row after it into L2.
   int prefetch = 0;
   int l2pf = 0;  // fwd8_kernel: prefetch the first row into L2 before the PDL wait
+  // fwd8_kernel variant 2, bf16 sigmoid: the sigmoid table in device memory (sigmoid_table), or
+  // null (the kernel computes it).
+  const void* lut = nullptr;
 };
 
 // The 32-lane, 8-slot forward (E in 129..256, e.g. DeepSeek-V3) is capped at 64 registers so 4
@@ -692,8 +695,9 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
 // fwd8 variant 2 (kV2, MOE_ROUTER_FWD8=1; router, LANES == 32, vec, K <= 8, not softmax post): the
 // same arithmetic and results as variant 1 with fewer instructions per row:
 //  - bf16 sigmoid: a per-block shared table of score::sigmoid_f32 over the bf16 inputs with |x| in
-//    [2^-12, 2^4) (filled before the PDL wait, by the same function, so every entry is bitwise the
-//    value the row would compute); other inputs (zeros, tiny, large, non-finite) are computed as
+//    [2^-12, 2^4) (filled before the PDL wait: copied from a.lut, the host's table of the same
+//    function, or computed here where a.lut is null; either way every entry is bitwise the value
+//    the row would compute); other inputs (zeros, tiny, large, non-finite) are computed as
 //    before, in a branch the warp takes only when one of its lanes has such an input;
 //  - the g_k group rounds become one rank per group (groups strictly ahead by (score desc, index
 //    asc), counted by ballots): the same g_k groups as the rounds pick; at most 2 compares per
@@ -709,6 +713,10 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
 // with p % kSigN == i, with sign s.
 inline constexpr uint32_t kSigLo = 0x3980u;  // 2^-12
 inline constexpr uint32_t kSigN = 0x800u;    // up to 2^4 (exclusive)
+// The bf16 pattern of table entry pair i (|x|, positive).
+__host__ __device__ constexpr uint32_t sig_pattern(uint32_t i) {
+  return kSigLo + ((i - kSigLo) & (kSigN - 1u));
+}
 
 // Byte i of the result = bit i of b (b < 16), for a bytemap word.
 __device__ __forceinline__ uint32_t bits4_to_bytes(uint32_t b) {
@@ -734,13 +742,31 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * RPB + threadIdx.x / LANES;
   const TIn* logits = static_cast<const TIn*>(a.logits);
   if (a.l2pf != 0 && row0 < a.T && nvalid > 0) prefetch_l2(logits + row0 * E + e0);
-  // Variant 2's sigmoid table (it reads no input, so it is filled before the PDL wait).
-  __shared__ float slut[kLut ? 2 * kSigN : 1];
+  // Variant 2's sigmoid table (it reads no input, so it is filled before the PDL wait). Copied
+  // from the host's (16 KB, 4 loads a thread); computing it here cost ~46 instructions a pair
+  // entry, about 9% of a warp's instructions at ~16 rows a warp (T = 65536, DeepSeek-V3).
+  __shared__ __align__(16) float slut[kLut ? 2 * kSigN : 4];
   const bool use_lut = kLut && a.fn == kSigmoid;
   if (use_lut) {
-    for (uint32_t t = threadIdx.x; t < 2 * kSigN; t += kBlock) {
-      const uint32_t p = kSigLo + (((t >> 1) - kSigLo) & (kSigN - 1u));
-      slut[t] = score::sigmoid_f32(bits16_to_f32<__nv_bfloat16>(p | ((t & 1u) << 15)));
+    if (a.lut != nullptr) {
+      constexpr int kWords = 2 * kSigN / 4 / kBlock;  // 16-byte words a thread (blockDim kBlock)
+      static_assert(2 * kSigN % (4 * kBlock) == 0, "whole words a thread");
+      const uint4* src = static_cast<const uint4*>(a.lut) + threadIdx.x;
+      uint4 w[kWords];
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) w[k] = __ldg(src + k * kBlock);
+#pragma unroll
+      for (int k = 0; k < kWords; ++k)
+        reinterpret_cast<uint4*>(slut)[threadIdx.x + k * kBlock] = w[k];
+    } else {
+      // Both signs of a pattern from one e^-|x| and one reciprocal: score::sigmoid_f32's own
+      // steps, so bitwise its two values.
+      for (uint32_t i = threadIdx.x; i < kSigN; i += kBlock) {
+        const float x = bits16_to_f32<__nv_bfloat16>(sig_pattern(i));  // > 0
+        const float t = score::exp_core_f32(score::fmax_f32(-x, -104.0f));
+        const float inv = score::rcp_1to2_f32(1.0f + t);
+        reinterpret_cast<float2*>(slut)[i] = make_float2(inv, t * inv);
+      }
     }
   }
   pdl_wait_and_trigger();
@@ -1371,6 +1397,12 @@ bool use_l2_prefetch();
 // variant 1 99.6 us (50.6% of copy), variant 2 65.2 us (77.2-77.4%; 74.9 us before its per-row
 // instruction cut, docs/perf.md).
 int fwd8_variant();
+// Variant 2's bf16 sigmoid table (2 kSigN floats: entry 2 i + s = score::sigmoid_f32 of pattern
+// sig_pattern(i) with sign s) in this device's memory, built on the host once per device (the
+// score functions are bitwise the same on both sides, score_fn.h), or null where the kernel must
+// compute it: MOE_ROUTER_LUT=0 (read per call, for A/B and tests) or s capturing a graph (the
+// first upload would be a synchronous copy).
+const float* sigmoid_table(cudaStream_t s);
 
 template <class... KArgs>
 void launch_rows(void (*kernel)(KArgs...), int64_t rows, int lanes, int blocks_per_sm,
@@ -1419,6 +1451,7 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
         // under the 64-register cap).
         if constexpr (L == 32 && !kAux && sizeof(TIn) == 2) {
           if (fwd8_variant() == 1 && !post && a.vec != 0 && a.K <= 8) {
+            if (std::is_same_v<TIn, __nv_bfloat16> && a.fn == kSigmoid) b.lut = sigmoid_table(s);
             launch_rows(fwd8_kernel<TIn, L, false, false, true>, a.T, L, 4, s, b);
             return;
           }

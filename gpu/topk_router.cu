@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpu/router_row.cuh"
 
@@ -67,6 +70,38 @@ int fwd8_variant() {
     throw std::invalid_argument("MOE_ROUTER_FWD8: expected 0 or 1, got '" + x + "'");
   }();
   return v;
+}
+
+const float* sigmoid_table(cudaStream_t s) {
+  const char* e = std::getenv("MOE_ROUTER_LUT");
+  if (e != nullptr && std::string(e) == "0") return nullptr;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  MOE_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  static std::mutex mu;
+  static std::map<int, float*> tables;  // per device, for the process's life (16 KB each)
+  int dev = 0;
+  MOE_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = tables.find(dev); it != tables.end()) return it->second;
+  if (cap != cudaStreamCaptureStatusNone) return nullptr;  // uploaded by a later, plain call
+  std::vector<float> host(2 * kSigN);
+  for (uint32_t i = 0; i < kSigN; ++i) {
+    const float x = score::bits_float(sig_pattern(i) << 16);  // bf16 -> f32: the high half
+    host[2 * i] = score::sigmoid_f32(x);
+    host[2 * i + 1] = score::sigmoid_f32(-x);
+  }
+  // Synchronous, on a stream of its own: the table is complete before any launch reads it, on
+  // any stream.
+  float* d = nullptr;
+  cudaStream_t up = nullptr;
+  MOE_CUDA_CHECK(cudaMalloc(&d, host.size() * sizeof(float)));
+  MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking));
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, up));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(up));
+  MOE_CUDA_CHECK(cudaStreamDestroy(up));
+  tables[dev] = d;
+  return d;
 }
 
 }  // namespace rowk

@@ -12,6 +12,7 @@
 #include <rapidcheck.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "gpu/aux_loss.cuh"
 #include "gpu/topk_router.cuh"
 #include "harness/core/rng.h"
+#include "harness/core/score_fn.h"
 #include "harness/ops/check.h"
 #include "harness/ops/registry.h"
 #include "harness/ops/router_family.h"
@@ -411,6 +413,72 @@ TEST(GpuRouterRegression, NegativeBiasWithPartialLastLane) {
           }
         }
       }
+    }
+  }
+}
+
+// Every bf16 logit pattern once (256 rows of the DeepSeek-V3 shape, NaNs replaced by 0): the
+// forward's variant 2 reads sigmoid scores from a table (gpu/router_row.cuh), uploaded from the
+// host or computed by the kernel (MOE_ROUTER_LUT=0). Its saved scores must be bitwise
+// score::sigmoid_f32 for each (in the table or not), its routing map the reference's, and the
+// two ways of filling the table bitwise the same in every output.
+TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
+  SKIP_WITHOUT_GPU();
+  const int64_t T = 256, E = 256;
+  Tensor x(DType::bf16, {T, E});
+  uint16_t* xb = x.data<uint16_t>();
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7f80u) == 0x7f80u && (i & 0x7fu) != 0u;
+    xb[i] = nan ? 0 : static_cast<uint16_t>(i);
+  }
+  Rng rng(41, "lut_bias");
+  Tensor b(DType::f32, {E});
+  for (int64_t e = 0; e < E; ++e) b.set(e, rng.uniform(-0.1, 0.1));
+  RouterParams p;
+  p.topk = 8;
+  p.score_function = ScoreFunction::sigmoid;
+  p.num_groups = 8;
+  p.group_topk = 4;
+  p.scaling_factor = 2.5;
+  p.routing_map_format = MapFormat::bitmap_u8;
+  const ref::TopkRouterFwd want = ref::topk_router_fwd(x, &b, p);
+  const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
+  const gpu::DeviceTensor db = gpu::DeviceTensor::upload(b);
+  auto run = [&](const char* lut) {
+    if (lut)
+      setenv("MOE_ROUTER_LUT", lut, 1);
+    else
+      unsetenv("MOE_ROUTER_LUT");
+    gpu::TopkRouterFwd got = gpu::topk_router_fwd_outputs(dx.meta(), p);
+    got.probs.fill_bytes(0xFF);
+    got.routing_map.fill_bytes(0xFF);
+    got.saved_scores.fill_bytes(0xFF);
+    gpu::topk_router_fwd_into(dx, &db, p, got);
+    unsetenv("MOE_ROUTER_LUT");
+    return std::vector<Tensor>{got.probs.download(), got.routing_map.download(),
+                               got.saved_scores.download()};
+  };
+  const std::vector<Tensor> host_table = run(nullptr), kernel_table = run("0");
+  const char* names[] = {"probs", "routing_map", "saved_scores"};
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(host_table[k].bitwise_equal(kernel_table[k]))
+        << names[k] << " differs between the uploaded and the kernel-computed table";
+  }
+  const float* saved = host_table[2].data<float>();
+  int bad = 0;
+  for (uint32_t i = 0; i < 65536 && bad < 10; ++i) {
+    const float xf = score::bits_float(static_cast<uint32_t>(xb[i]) << 16);
+    const float want_s = score::sigmoid_f32(xf);
+    if (score::float_bits(saved[i]) != score::float_bits(want_s)) {
+      ++bad;
+      ADD_FAILURE() << "bf16 pattern 0x" << std::hex << xb[i] << std::dec << " (" << xf
+                    << "): saved score " << saved[i] << ", sigmoid_f32 " << want_s;
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      ASSERT_EQ(routing_map_get(host_table[1], t, e), routing_map_get(want.routing_map, t, e))
+          << "row " << t << " expert " << e;
     }
   }
 }
