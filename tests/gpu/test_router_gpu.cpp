@@ -455,8 +455,11 @@ TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
     got.saved_scores.fill_bytes(0xFF);
     gpu::topk_router_fwd_into(dx, &db, p, got);
     unsetenv("MOE_ROUTER_LUT");
-    return std::vector<Tensor>{got.probs.download(), got.routing_map.download(),
-                               got.saved_scores.download()};
+    std::vector<Tensor> outs;  // Tensor is move-only: no initializer list
+    outs.push_back(got.probs.download());
+    outs.push_back(got.routing_map.download());
+    outs.push_back(got.saved_scores.download());
+    return outs;
   };
   const std::vector<Tensor> host_table = run(nullptr), kernel_table = run("0");
   const char* names[] = {"probs", "routing_map", "saved_scores"};
