@@ -556,6 +556,17 @@ M = [
      "sm90 panel wgrad kernel (session 37): its runs decoded in the host's order, pairs inner where "
      "a group has fewer i-pairs than column tiles, so a run's tiles change i-pair under a panel "
      "loaded for the first one"),
+    # ---- gpu/: the router's uploaded sigmoid table (session 39) ------------------------------------
+    ("108", "router_lut_next_pattern", "offset", "gpu/topk_router.cu", 1,
+     "const float x = score::bits_float(sig_pattern(i) << 16);",
+     "const float x = score::bits_float((sig_pattern(i) + 1) << 16);",
+     "router variant 2, bf16 sigmoid (session 39): the host's table holds each pattern's successor's "
+     "sigmoid (an input one bf16 ulp too large), so every looked-up score is a little off"),
+    ("109", "router_lut_copy_layout", "layout", "gpu/router_row.cuh", 1,
+     "reinterpret_cast<uint4*>(slut)[threadIdx.x + k * kBlock] = w[k];",
+     "reinterpret_cast<uint4*>(slut)[threadIdx.x * kWords + k] = w[k];",
+     "router variant 2, bf16 sigmoid (session 39): the block's copy of the uploaded table stores "
+     "thread t's word k at t * 4 + k where it loaded t + 256 k: the table's entries permuted"),
 ]
 
 
