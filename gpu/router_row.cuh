@@ -692,8 +692,9 @@ __device__ __forceinline__ uint32_t seg_pick(uint32_t h, uint32_t segmask, uint3
 }
 
 // ---------------------------------------------------------------------------------------------
-// fwd8 variant 2 (kV2, MOE_ROUTER_FWD8=1; router, LANES == 32, vec, K <= 8, not softmax post): the
-// same arithmetic and results as variant 1 with fewer instructions per row:
+// fwd8 variant 2 (kV2, MOE_ROUTER_FWD8=1; router or, since session 39, aux scores; LANES == 32,
+// 16-bit logits, vec, K <= 8, not softmax post): the same arithmetic and results as variant 1 with
+// fewer instructions per row:
 //  - bf16 sigmoid: a per-block shared table of score::sigmoid_f32 over the bf16 inputs with |x| in
 //    [2^-12, 2^4) (filled before the PDL wait: copied from a.lut, the host's table of the same
 //    function, or computed here where a.lut is null; either way every entry is bitwise the value
@@ -728,7 +729,7 @@ __device__ __forceinline__ uint32_t bits4_to_bytes(uint32_t b) {
 // kV2: variant 2 (above).
 template <class TIn, int LANES, bool kAux, bool kPost, bool kV2 = false>
 __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
-  static_assert(!kV2 || (LANES == 32 && !kAux && !kPost), "variant 2: router, 32 lanes");
+  static_assert(!kV2 || (LANES == 32 && !kPost), "variant 2: 32 lanes, no softmax post");
   constexpr bool kLut = kV2 && std::is_same_v<TIn, __nv_bfloat16>;
   constexpr int RPB = kBlock / LANES;
   const int lane = static_cast<int>(threadIdx.x) % LANES;
@@ -872,6 +873,18 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       }
     };
 
+    // Aux scores of sigmoid / sqrtsoftplus: each score over the row's sum (+ eps), stored.
+    auto aux_normalise = [&] {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n) sum = sum + z[j];
+      const float den = seg_sum<LANES>(sum) + kEps;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] = z[j] / den;
+      store_row(a.scores, z);
+    };
+
     // Steps 1-2: scores and selection scores (invalid slots hold -inf, which every score
     // function maps to 0 without a branch; their keys are 0 below).
     if (use_lut) {
@@ -907,7 +920,9 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         }
       }
       store_row(a.saved, z);
-      if (has_bias) {
+      if (kAux) {
+        aux_normalise();
+      } else if (has_bias) {
         float bias[8];
         load_bias(bias);
 #pragma unroll
@@ -940,14 +955,7 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
         for (int j = 0; j < 8; ++j) z[j] = score::sqrtsoftplus_f32(z[j]);
       }
       if (kAux) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < n) sum = sum + z[j];
-        const float den = seg_sum<LANES>(sum) + kEps;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) z[j] = z[j] / den;
-        store_row(a.scores, z);
+        aux_normalise();
       } else if (has_bias) {
         float bias[8];
         load_bias(bias);
@@ -1395,7 +1403,7 @@ bool use_l2_prefetch();
 // applies, 0 = variant 1 everywhere, for A/B comparisons; any other value throws
 // std::invalid_argument. H100, DeepSeek-V3 forward (T = 65536, E = 256, K = 8, bf16), same run:
 // variant 1 99.6 us (50.6% of copy), variant 2 65.2 us (77.2-77.4%; 74.9 us before its per-row
-// instruction cut, docs/perf.md).
+// instruction cut, docs/perf.md). aux_loss_scores takes variant 2 too since session 39.
 int fwd8_variant();
 // Variant 2's bf16 sigmoid table (2 kSigN floats: entry 2 i + s = score::sigmoid_f32 of pattern
 // sig_pattern(i) with sign s) in this device's memory, built on the host once per device (the
@@ -1449,10 +1457,10 @@ void launch_fwd(const FwdArgs& a, cudaStream_t s) {
         const bool post = !kAux && a.fn == kSoftmax && !a.pre;
         // Variant 2: 16-bit logits only (at f32, and with a compile-time K = 8, ptxas spills
         // under the 64-register cap).
-        if constexpr (L == 32 && !kAux && sizeof(TIn) == 2) {
+        if constexpr (L == 32 && sizeof(TIn) == 2) {
           if (fwd8_variant() == 1 && !post && a.vec != 0 && a.K <= 8) {
             if (std::is_same_v<TIn, __nv_bfloat16> && a.fn == kSigmoid) b.lut = sigmoid_table(s);
-            launch_rows(fwd8_kernel<TIn, L, false, false, true>, a.T, L, 4, s, b);
+            launch_rows(fwd8_kernel<TIn, L, kAux, false, true>, a.T, L, 4, s, b);
             return;
           }
         }

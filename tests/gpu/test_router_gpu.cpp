@@ -417,20 +417,57 @@ TEST(GpuRouterRegression, NegativeBiasWithPartialLastLane) {
   }
 }
 
-// Every bf16 logit pattern once (256 rows of the DeepSeek-V3 shape, NaNs replaced by 0): the
-// forward's variant 2 reads sigmoid scores from a table (gpu/router_row.cuh), uploaded from the
-// host or computed by the kernel (MOE_ROUTER_LUT=0). Its saved scores must be bitwise
-// score::sigmoid_f32 for each (in the table or not), its routing map the reference's, and the
-// two ways of filling the table bitwise the same in every output.
-TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
-  SKIP_WITHOUT_GPU();
-  const int64_t T = 256, E = 256;
-  Tensor x(DType::bf16, {T, E});
+// Every bf16 logit pattern once: 256 rows of the DeepSeek-V3 shape, NaNs replaced by 0.
+Tensor every_bf16_pattern() {
+  Tensor x(DType::bf16, {256, 256});
   uint16_t* xb = x.data<uint16_t>();
   for (uint32_t i = 0; i < 65536; ++i) {
     const bool nan = (i & 0x7f80u) == 0x7f80u && (i & 0x7fu) != 0u;
     xb[i] = nan ? 0 : static_cast<uint16_t>(i);
   }
+  return x;
+}
+
+// Runs `fwd` (downloading its outputs) with the sigmoid table uploaded and with it computed by
+// the kernel (MOE_ROUTER_LUT=0), and demands bitwise-equal outputs; returns the first run's.
+std::vector<Tensor> both_table_sources(const std::function<std::vector<Tensor>()>& fwd,
+                                       const std::vector<std::string>& names) {
+  unsetenv("MOE_ROUTER_LUT");
+  std::vector<Tensor> up = fwd();
+  setenv("MOE_ROUTER_LUT", "0", 1);
+  const std::vector<Tensor> kernel = fwd();
+  unsetenv("MOE_ROUTER_LUT");
+  for (size_t k = 0; k < up.size(); ++k) {
+    EXPECT_TRUE(up[k].bitwise_equal(kernel[k]))
+        << names[k] << " differs between the uploaded and the kernel-computed table";
+  }
+  return up;
+}
+
+// saved[i] must be bitwise score::sigmoid_f32 of pattern x[i]; at most 10 failures reported.
+void expect_saved_sigmoid(const Tensor& x, const Tensor& saved) {
+  const uint16_t* xb = x.data<uint16_t>();
+  const float* sv = saved.data<float>();
+  int bad = 0;
+  for (int64_t i = 0; i < x.numel() && bad < 10; ++i) {
+    const float xf = score::bits_float(static_cast<uint32_t>(xb[i]) << 16);
+    const float want = score::sigmoid_f32(xf);
+    if (score::float_bits(sv[i]) != score::float_bits(want)) {
+      ++bad;
+      ADD_FAILURE() << "bf16 pattern 0x" << std::hex << xb[i] << std::dec << " (" << xf
+                    << "): saved score " << sv[i] << ", sigmoid_f32 " << want;
+    }
+  }
+}
+
+// The forward's variant 2 (gpu/router_row.cuh) reads bf16 sigmoid scores from a table, uploaded
+// from the host or computed by the kernel. Over every bf16 pattern: saved scores bitwise
+// score::sigmoid_f32 (in the table or not), the routing map the reference's, and the two table
+// sources bitwise the same in every output.
+TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = every_bf16_pattern();
+  const int64_t T = x.dim(0), E = x.dim(1);
   Rng rng(41, "lut_bias");
   Tensor b(DType::f32, {E});
   for (int64_t e = 0; e < E; ++e) b.set(e, rng.uniform(-0.1, 0.1));
@@ -444,43 +481,63 @@ TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
   const ref::TopkRouterFwd want = ref::topk_router_fwd(x, &b, p);
   const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
   const gpu::DeviceTensor db = gpu::DeviceTensor::upload(b);
-  auto run = [&](const char* lut) {
-    if (lut)
-      setenv("MOE_ROUTER_LUT", lut, 1);
-    else
-      unsetenv("MOE_ROUTER_LUT");
-    gpu::TopkRouterFwd got = gpu::topk_router_fwd_outputs(dx.meta(), p);
-    got.probs.fill_bytes(0xFF);
-    got.routing_map.fill_bytes(0xFF);
-    got.saved_scores.fill_bytes(0xFF);
-    gpu::topk_router_fwd_into(dx, &db, p, got);
-    unsetenv("MOE_ROUTER_LUT");
-    std::vector<Tensor> outs;  // Tensor is move-only: no initializer list
-    outs.push_back(got.probs.download());
-    outs.push_back(got.routing_map.download());
-    outs.push_back(got.saved_scores.download());
-    return outs;
-  };
-  const std::vector<Tensor> host_table = run(nullptr), kernel_table = run("0");
-  const char* names[] = {"probs", "routing_map", "saved_scores"};
-  for (int k = 0; k < 3; ++k) {
-    EXPECT_TRUE(host_table[k].bitwise_equal(kernel_table[k]))
-        << names[k] << " differs between the uploaded and the kernel-computed table";
-  }
-  const float* saved = host_table[2].data<float>();
-  int bad = 0;
-  for (uint32_t i = 0; i < 65536 && bad < 10; ++i) {
-    const float xf = score::bits_float(static_cast<uint32_t>(xb[i]) << 16);
-    const float want_s = score::sigmoid_f32(xf);
-    if (score::float_bits(saved[i]) != score::float_bits(want_s)) {
-      ++bad;
-      ADD_FAILURE() << "bf16 pattern 0x" << std::hex << xb[i] << std::dec << " (" << xf
-                    << "): saved score " << saved[i] << ", sigmoid_f32 " << want_s;
-    }
-  }
+  const std::vector<Tensor> got = both_table_sources(
+      [&] {
+        gpu::TopkRouterFwd o = gpu::topk_router_fwd_outputs(dx.meta(), p);
+        o.probs.fill_bytes(0xFF);
+        o.routing_map.fill_bytes(0xFF);
+        o.saved_scores.fill_bytes(0xFF);
+        gpu::topk_router_fwd_into(dx, &db, p, o);
+        std::vector<Tensor> v;  // Tensor is move-only: no initializer list
+        v.push_back(o.probs.download());
+        v.push_back(o.routing_map.download());
+        v.push_back(o.saved_scores.download());
+        return v;
+      },
+      {"probs", "routing_map", "saved_scores"});
+  expect_saved_sigmoid(x, got[2]);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t e = 0; e < E; ++e) {
-      ASSERT_EQ(routing_map_get(host_table[1], t, e), routing_map_get(want.routing_map, t, e))
+      ASSERT_EQ(routing_map_get(got[1], t, e), routing_map_get(want.routing_map, t, e))
+          << "row " << t << " expert " << e;
+    }
+  }
+}
+
+// The same for aux_loss_scores (variant 2 with the aux scores): saved scores bitwise
+// sigmoid_f32, scores bitwise the host's fp32 normalisation (row_sum_f32 order, + eps, one
+// division), the routing map the reference's.
+TEST(GpuRouterRegression, AuxSigmoidScoresOfEveryBf16PatternAreExact) {
+  SKIP_WITHOUT_GPU();
+  const Tensor x = every_bf16_pattern();
+  const int64_t T = x.dim(0), E = x.dim(1), K = 8;
+  const MapFormat fmt = MapFormat::bytemap;
+  const ref::AuxLossScoresFwd want = ref::aux_loss_scores_fwd(x, K, ScoreFunction::sigmoid, fmt);
+  const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
+  const std::vector<Tensor> got = both_table_sources(
+      [&] {
+        gpu::AuxLossScoresFwd o = gpu::aux_loss_scores_fwd_outputs(dx.meta(), fmt);
+        o.scores.fill_bytes(0xFF);
+        o.routing_map.fill_bytes(0xFF);
+        o.saved_scores.fill_bytes(0xFF);
+        gpu::aux_loss_scores_fwd_into(dx, K, ScoreFunction::sigmoid, fmt, o);
+        std::vector<Tensor> v;
+        v.push_back(o.scores.download());
+        v.push_back(o.routing_map.download());
+        v.push_back(o.saved_scores.download());
+        return v;
+      },
+      {"scores", "routing_map", "saved_scores"});
+  expect_saved_sigmoid(x, got[2]);
+  const float* sv = got[2].data<float>();
+  const float* sc = got[0].data<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float den = score::row_sum_f32(sv + t * E, E) + kRouterEps;
+    for (int64_t e = 0; e < E; ++e) {
+      const float w = sv[t * E + e] / den;
+      ASSERT_EQ(score::float_bits(sc[t * E + e]), score::float_bits(w))
+          << "row " << t << " expert " << e << ": score " << sc[t * E + e] << ", want " << w;
+      ASSERT_EQ(routing_map_get(got[1], t, e), routing_map_get(want.routing_map, t, e))
           << "row " << t << " expert " << e;
     }
   }
