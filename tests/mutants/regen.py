@@ -567,6 +567,11 @@ M = [
      "reinterpret_cast<uint4*>(slut)[threadIdx.x * kWords + k] = w[k];",
      "router variant 2, bf16 sigmoid (session 39): the block's copy of the uploaded table stores "
      "thread t's word k at t * 4 + k where it loaded t + 256 k: the table's entries permuted"),
+    ("110", "aux_v2_sum_empty_lanes", "edge-size", "gpu/router_row.cuh", 1,
+     "        if (j < n) sum = sum + z[j];\n      const float den = seg_sum<LANES>(sum) + kEps;",
+     "        sum = sum + z[j];\n      const float den = seg_sum<LANES>(sum) + kEps;",
+     "aux_loss_scores on variant 2, bf16 sigmoid (session 39): the row sum also adds the table "
+     "entries read by lanes without experts (E < 256), so every score of such a row is too small"),
 ]
 
 
