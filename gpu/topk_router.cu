@@ -72,13 +72,17 @@ int fwd8_variant() {
   return v;
 }
 
+// Module memory (one copy per device context), so nothing to free: a cudaMalloc'd table was still
+// held at exit, which compute-sanitizer's leak check reports.
+__device__ __align__(16) float g_sigmoid_table[2 * kSigN];
+
 const float* sigmoid_table(cudaStream_t s) {
   const char* e = std::getenv("MOE_ROUTER_LUT");
   if (e != nullptr && std::string(e) == "0") return nullptr;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   MOE_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
   static std::mutex mu;
-  static std::map<int, float*> tables;  // per device, for the process's life (16 KB each)
+  static std::map<int, const float*> tables;  // per device: the uploaded table's address
   int dev = 0;
   MOE_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
@@ -92,16 +96,16 @@ const float* sigmoid_table(cudaStream_t s) {
   }
   // Synchronous, on a stream of its own: the table is complete before any launch reads it, on
   // any stream.
-  float* d = nullptr;
+  void* d = nullptr;
   cudaStream_t up = nullptr;
-  MOE_CUDA_CHECK(cudaMalloc(&d, host.size() * sizeof(float)));
+  MOE_CUDA_CHECK(cudaGetSymbolAddress(&d, g_sigmoid_table));
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking));
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, up));
   MOE_CUDA_CHECK(cudaStreamSynchronize(up));
   MOE_CUDA_CHECK(cudaStreamDestroy(up));
-  tables[dev] = d;
-  return d;
+  tables[dev] = static_cast<const float*>(d);
+  return tables[dev];
 }
 
 }  // namespace rowk

@@ -16,6 +16,8 @@
 #include <functional>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "gpu/aux_loss.cuh"
 #include "gpu/topk_router.cuh"
@@ -417,13 +419,16 @@ TEST(GpuRouterRegression, NegativeBiasWithPartialLastLane) {
   }
 }
 
-// Every bf16 logit pattern once: 256 rows of the DeepSeek-V3 shape, NaNs replaced by 0.
-Tensor every_bf16_pattern() {
-  Tensor x(DType::bf16, {256, 256});
+// Every bf16 logit pattern at least once, in rows of E (the last row wraps round), NaNs replaced
+// by 0. E = 256: the DeepSeek-V3 shape; E = 200: 7 of the 32 lanes of a row hold no experts.
+Tensor every_bf16_pattern(int64_t E) {
+  const int64_t T = (65536 + E - 1) / E;
+  Tensor x(DType::bf16, {T, E});
   uint16_t* xb = x.data<uint16_t>();
-  for (uint32_t i = 0; i < 65536; ++i) {
-    const bool nan = (i & 0x7f80u) == 0x7f80u && (i & 0x7fu) != 0u;
-    xb[i] = nan ? 0 : static_cast<uint16_t>(i);
+  for (int64_t i = 0; i < T * E; ++i) {
+    const uint32_t b = static_cast<uint32_t>(i) & 0xffffu;
+    const bool nan = (b & 0x7f80u) == 0x7f80u && (b & 0x7fu) != 0u;
+    xb[i] = nan ? 0 : static_cast<uint16_t>(b);
   }
   return x;
 }
@@ -463,82 +468,89 @@ void expect_saved_sigmoid(const Tensor& x, const Tensor& saved) {
 // The forward's variant 2 (gpu/router_row.cuh) reads bf16 sigmoid scores from a table, uploaded
 // from the host or computed by the kernel. Over every bf16 pattern: saved scores bitwise
 // score::sigmoid_f32 (in the table or not), the routing map the reference's, and the two table
-// sources bitwise the same in every output.
+// sources bitwise the same in every output. E = 256 with DeepSeek-V3's groups; E = 200 ungrouped.
 TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
   SKIP_WITHOUT_GPU();
-  const Tensor x = every_bf16_pattern();
-  const int64_t T = x.dim(0), E = x.dim(1);
-  Rng rng(41, "lut_bias");
-  Tensor b(DType::f32, {E});
-  for (int64_t e = 0; e < E; ++e) b.set(e, rng.uniform(-0.1, 0.1));
-  RouterParams p;
-  p.topk = 8;
-  p.score_function = ScoreFunction::sigmoid;
-  p.num_groups = 8;
-  p.group_topk = 4;
-  p.scaling_factor = 2.5;
-  p.routing_map_format = MapFormat::bitmap_u8;
-  const ref::TopkRouterFwd want = ref::topk_router_fwd(x, &b, p);
-  const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
-  const gpu::DeviceTensor db = gpu::DeviceTensor::upload(b);
-  const std::vector<Tensor> got = both_table_sources(
-      [&] {
-        gpu::TopkRouterFwd o = gpu::topk_router_fwd_outputs(dx.meta(), p);
-        o.probs.fill_bytes(0xFF);
-        o.routing_map.fill_bytes(0xFF);
-        o.saved_scores.fill_bytes(0xFF);
-        gpu::topk_router_fwd_into(dx, &db, p, o);
-        std::vector<Tensor> v;  // Tensor is move-only: no initializer list
-        v.push_back(o.probs.download());
-        v.push_back(o.routing_map.download());
-        v.push_back(o.saved_scores.download());
-        return v;
-      },
-      {"probs", "routing_map", "saved_scores"});
-  expect_saved_sigmoid(x, got[2]);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) {
-      ASSERT_EQ(routing_map_get(got[1], t, e), routing_map_get(want.routing_map, t, e))
-          << "row " << t << " expert " << e;
+  for (const int64_t E : {int64_t{256}, int64_t{200}}) {
+    SCOPED_TRACE("E = " + std::to_string(E));
+    const Tensor x = every_bf16_pattern(E);
+    const int64_t T = x.dim(0);
+    Rng rng(41, "lut_bias");
+    Tensor b(DType::f32, {E});
+    for (int64_t e = 0; e < E; ++e) b.set(e, rng.uniform(-0.1, 0.1));
+    RouterParams p;
+    p.topk = 8;
+    p.score_function = ScoreFunction::sigmoid;
+    p.num_groups = E == 256 ? 8 : 0;
+    p.group_topk = E == 256 ? 4 : 0;
+    p.scaling_factor = 2.5;
+    p.routing_map_format = MapFormat::bitmap_u8;
+    const ref::TopkRouterFwd want = ref::topk_router_fwd(x, &b, p);
+    const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
+    const gpu::DeviceTensor db = gpu::DeviceTensor::upload(b);
+    const std::vector<Tensor> got = both_table_sources(
+        [&] {
+          gpu::TopkRouterFwd o = gpu::topk_router_fwd_outputs(dx.meta(), p);
+          o.probs.fill_bytes(0xFF);
+          o.routing_map.fill_bytes(0xFF);
+          o.saved_scores.fill_bytes(0xFF);
+          gpu::topk_router_fwd_into(dx, &db, p, o);
+          std::vector<Tensor> v;  // Tensor is move-only: no initializer list
+          v.push_back(o.probs.download());
+          v.push_back(o.routing_map.download());
+          v.push_back(o.saved_scores.download());
+          return v;
+        },
+        {"probs", "routing_map", "saved_scores"});
+    expect_saved_sigmoid(x, got[2]);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < E; ++e) {
+        ASSERT_EQ(routing_map_get(got[1], t, e), routing_map_get(want.routing_map, t, e))
+            << "row " << t << " expert " << e;
+      }
     }
   }
 }
 
 // The same for aux_loss_scores (variant 2 with the aux scores): saved scores bitwise
 // sigmoid_f32, scores bitwise the host's fp32 normalisation (row_sum_f32 order, + eps, one
-// division), the routing map the reference's.
+// division), the routing map the reference's. At E = 200 the lanes without experts must add
+// nothing to a row's sum.
 TEST(GpuRouterRegression, AuxSigmoidScoresOfEveryBf16PatternAreExact) {
   SKIP_WITHOUT_GPU();
-  const Tensor x = every_bf16_pattern();
-  const int64_t T = x.dim(0), E = x.dim(1), K = 8;
-  const MapFormat fmt = MapFormat::bytemap;
-  const ref::AuxLossScoresFwd want = ref::aux_loss_scores_fwd(x, K, ScoreFunction::sigmoid, fmt);
-  const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
-  const std::vector<Tensor> got = both_table_sources(
-      [&] {
-        gpu::AuxLossScoresFwd o = gpu::aux_loss_scores_fwd_outputs(dx.meta(), fmt);
-        o.scores.fill_bytes(0xFF);
-        o.routing_map.fill_bytes(0xFF);
-        o.saved_scores.fill_bytes(0xFF);
-        gpu::aux_loss_scores_fwd_into(dx, K, ScoreFunction::sigmoid, fmt, o);
-        std::vector<Tensor> v;
-        v.push_back(o.scores.download());
-        v.push_back(o.routing_map.download());
-        v.push_back(o.saved_scores.download());
-        return v;
-      },
-      {"scores", "routing_map", "saved_scores"});
-  expect_saved_sigmoid(x, got[2]);
-  const float* sv = got[2].data<float>();
-  const float* sc = got[0].data<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    const float den = score::row_sum_f32(sv + t * E, E) + kRouterEps;
-    for (int64_t e = 0; e < E; ++e) {
-      const float w = sv[t * E + e] / den;
-      ASSERT_EQ(score::float_bits(sc[t * E + e]), score::float_bits(w))
-          << "row " << t << " expert " << e << ": score " << sc[t * E + e] << ", want " << w;
-      ASSERT_EQ(routing_map_get(got[1], t, e), routing_map_get(want.routing_map, t, e))
-          << "row " << t << " expert " << e;
+  for (const int64_t E : {int64_t{256}, int64_t{200}}) {
+    SCOPED_TRACE("E = " + std::to_string(E));
+    const Tensor x = every_bf16_pattern(E);
+    const int64_t T = x.dim(0), K = 8;
+    const MapFormat fmt = MapFormat::bytemap;
+    const ref::AuxLossScoresFwd want = ref::aux_loss_scores_fwd(x, K, ScoreFunction::sigmoid, fmt);
+    const gpu::DeviceTensor dx = gpu::DeviceTensor::upload(x);
+    const std::vector<Tensor> got = both_table_sources(
+        [&] {
+          gpu::AuxLossScoresFwd o = gpu::aux_loss_scores_fwd_outputs(dx.meta(), fmt);
+          o.scores.fill_bytes(0xFF);
+          o.routing_map.fill_bytes(0xFF);
+          o.saved_scores.fill_bytes(0xFF);
+          gpu::aux_loss_scores_fwd_into(dx, K, ScoreFunction::sigmoid, fmt, o);
+          std::vector<Tensor> v;
+          v.push_back(o.scores.download());
+          v.push_back(o.routing_map.download());
+          v.push_back(o.saved_scores.download());
+          return v;
+        },
+        {"scores", "routing_map", "saved_scores"});
+    expect_saved_sigmoid(x, got[2]);
+    const float* sv = got[2].data<float>();
+    const float* sc = got[0].data<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      const float den = score::row_sum_f32(sv + t * E, E) + kRouterEps;
+      for (int64_t e = 0; e < E; ++e) {
+        const float w = sv[t * E + e] / den;
+        ASSERT_EQ(score::float_bits(sc[t * E + e]), score::float_bits(w))
+            << "row " << t << " expert " << e << ": score " << sc[t * E + e] << ", want " << w;
+        ASSERT_EQ(routing_map_get(got[1], t, e), routing_map_get(want.routing_map, t, e))
+            << "row " << t << " expert " << e;
+      }
     }
   }
 }
