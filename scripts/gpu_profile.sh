@@ -21,6 +21,9 @@
 #   router_mixtral_fwd  topk_router     mixtral           fwd  rowk::fwd_kernel / fwd8_kernel
 #   aux_mixtral_fwd     aux_loss_scores mixtral           fwd  rowk::fwd_kernel / fwd8_kernel
 #   aux_mixtral_bwd     aux_loss_scores mixtral           bwd  rowk::bwd_kernel
+#   aux_ds_fwd          aux_loss_scores deepseek_v3       fwd  rowk::fwd_kernel / fwd8_kernel
+#   dispatch_ds_fwd     token_dispatch  deepseek_v3       fwd  dispatch_rows(_bulk)?_kernel (the
+#                                                              row copies, not the layout kernels)
 #   combine_ds_fwd      token_combine   deepseek_v3       fwd  gather_sum(_bulk)?_kernel
 #   dispatch_ds_bwd     token_dispatch  deepseek_v3       bwd  gather_sum(_bulk)?_kernel +
 #                                                              dispatch_bwd_probs_kernel
@@ -92,6 +95,8 @@ targets=(
   "router_mixtral_fwd;topk_router;mixtral;fwd;;rowk::fwd8?_kernel;1"
   "aux_mixtral_fwd;aux_loss_scores;mixtral;fwd;;rowk::fwd8?_kernel;1"
   "aux_mixtral_bwd;aux_loss_scores;mixtral;bwd;;rowk::bwd_kernel;1"
+  "aux_ds_fwd;aux_loss_scores;deepseek_v3;fwd;;rowk::fwd8?_kernel;1"
+  "dispatch_ds_fwd;token_dispatch;deepseek_v3;fwd;;dispatch_rows(_bulk)?_kernel;1"
   "combine_ds_fwd;token_combine;deepseek_v3;fwd;;gather_sum(_bulk)?_kernel;1"
   "dispatch_ds_bwd;token_dispatch;deepseek_v3;bwd;;gather_sum(_bulk)?_kernel|dispatch_bwd_probs_kernel;2"
   "gemm_sm90_ds_fwd;grouped_gemm;deepseek_uniform;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
