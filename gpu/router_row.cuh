@@ -744,8 +744,9 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
   const TIn* logits = static_cast<const TIn*>(a.logits);
   if (a.l2pf != 0 && row0 < a.T && nvalid > 0) prefetch_l2(logits + row0 * E + e0);
   // Variant 2's sigmoid table (it reads no input, so it is filled before the PDL wait). Copied
-  // from the host's (16 KB, 4 loads a thread); computing it here cost ~46 instructions a pair
-  // entry, about 9% of a warp's instructions at ~16 rows a warp (T = 65536, DeepSeek-V3).
+  // from the host's (16 KB, 4 loads a thread): computing all of it in each block took ~46 SASS
+  // instructions an entry, ~9% of a warp's instructions at ~16 rows a warp (T = 65536,
+  // DeepSeek-V3), yet only 1% of the forward's time (H200, docs/perf.md session 39).
   __shared__ __align__(16) float slut[kLut ? 2 * kSigN : 4];
   const bool use_lut = kLut && a.fn == kSigmoid;
   if (use_lut) {
