@@ -3,6 +3,7 @@
 //  - wide shapes the registry generator does not reach: E from 71 to 4096 (every row layout of
 //    the kernels: 16 and 32 lanes, 8/16/32/128 slots), grouped top-k on both group paths;
 //  - the regression cases R2, R10, R13, R15 with their known answers on the GPU;
+//  - every bf16 logit through the forward's sigmoid table (router and aux scores), bitwise;
 //  - T*E beyond 2^31 (int64 offsets) and a large deterministic moe_aux_loss;
 //  - the CUDA wrappers' error messages.
 // Every GPU run goes through the registry's runner, which poisons each output with 0xFF (NaN)
