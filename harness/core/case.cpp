@@ -17,6 +17,7 @@ constexpr std::pair<Regime, std::string_view> kRegimes[] = {
     {Regime::large_magnitude, "large_magnitude"},
     {Regime::zero_tokens, "zero_tokens"},
     {Regime::all_to_one, "all_to_one"},
+    {Regime::every_pattern, "every_pattern"},
 };
 }  // namespace
 

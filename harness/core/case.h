@@ -25,6 +25,7 @@ enum class Regime : uint8_t {
   large_magnitude,  // logits of magnitude ~1e2..1e4 (saturating exp / sigmoid)
   zero_tokens,      // T = 0, or experts with no tokens
   all_to_one,       // every token routes to the same expert(s)
+  every_pattern,    // router family: every finite 16-bit pattern of the dtype in turn (f32: bf16's)
 };
 std::string_view regime_name(Regime r);
 Regime parse_regime(std::string_view s);  // throws std::invalid_argument

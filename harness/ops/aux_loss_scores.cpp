@@ -67,6 +67,11 @@ std::vector<Case> named() {
   v.push_back(base(DType::bf16, 16, 33, 33, "sigmoid", "e33_k33"));
   v.push_back(base(DType::f32, 16, 33, 1, "sqrtsoftplus", "e33_k1"));
   v.push_back(base(DType::bf16, 4, 4096, 32, "softmax", "e4096_k32"));
+  // Every finite bf16 logit (regime every_pattern), at E = 256 and at E = 200 (empty lanes).
+  v.push_back(base(DType::bf16, 256, 256, 8, "sigmoid", "every_bf16_e256"));
+  v.back().regime = Regime::every_pattern;
+  v.push_back(base(DType::bf16, 328, 200, 8, "sigmoid", "every_bf16_e200"));
+  v.back().regime = Regime::every_pattern;
   return v;
 }
 

@@ -50,6 +50,15 @@ Tensor make_logits(const Case& c, int64_t T, int64_t E, int64_t K, const std::st
         case Regime::all_to_one:  // every token prefers the same K experts
           v = rng.normal() + (e < K ? 12.0 : 0.0);
           break;
+        case Regime::every_pattern: {
+          // Element i holds pattern i mod 2^16 of f16 (f16 logits) or bf16 (bf16 and f32: exact
+          // in both), non-finite patterns as 0 (SPEC §0: finite inputs): T * E >= 65536 covers
+          // every finite value, so a lookup table or a special case of some range is read whole.
+          const auto bits = static_cast<uint16_t>((t * E + e) & 0xffff);
+          v = d == DType::f16 ? f16_value(bits) : bf16_value(bits);
+          if (!std::isfinite(v)) v = 0.0;
+          break;
+        }
       }
       x.set(t, e, v);
     }

@@ -103,6 +103,18 @@ std::vector<Case> named() {
                   .set("num_groups", int64_t{8})
                   .set("group_topk", int64_t{4})
                   .set("scaling_factor", 2.5));
+  // Every finite bf16 / f16 logit (regime every_pattern): the DeepSeek-V3 shape over 256 rows,
+  // rows of 200 experts (a 32-lane row layout with empty lanes), and f16 (no sigmoid table).
+  v.push_back(base(DType::bf16, 256, 256, 8, "sigmoid", "every_bf16_deepseek_v3")
+                  .set("expert_bias", true)
+                  .set("num_groups", int64_t{8})
+                  .set("group_topk", int64_t{4})
+                  .set("scaling_factor", 2.5));
+  v.back().regime = Regime::every_pattern;
+  v.push_back(base(DType::bf16, 328, 200, 8, "sigmoid", "every_bf16_e200"));
+  v.back().regime = Regime::every_pattern;
+  v.push_back(base(DType::f16, 256, 256, 8, "sigmoid", "every_f16_e256"));
+  v.back().regime = Regime::every_pattern;
   v.push_back(base(DType::bf16, 32, 8, 2, "softmax", "mixtral"));
   v.push_back(base(DType::f32, 16, 64, 6, "sqrtsoftplus", "bitmap_sqrtsoftplus")
                   .set("routing_map_format", "bitmap_u8"));
