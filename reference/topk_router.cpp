@@ -77,7 +77,16 @@ RowScores row_scores(const Tensor& logits, const Tensor* bias, const RouterParam
   return r;
 }
 
-// §1.2 step 3 plus the §1.4 margins.
+// A score below 2^-128 may be 0 in a correct implementation (SPEC §0: sigma evaluated
+// literally in fp32 underflows there), so it may move by its whole value; above, 0.
+double flush_allowance(float s) {
+  const double a = std::fabs(static_cast<double>(s));
+  return a < 0x1.0p-128 ? a : 0.0;
+}
+
+// §1.2 step 3 plus the §1.4 margins. delta: 16 ulp_f32 of the boundary's magnitude, or (project
+// copy, §1.4) the flush allowances of the two sides where that is larger: two scores that a
+// correct kernel may both return as 0 are a near tie.
 RowSelection select_row(const RowScores& r, const RouterParams& p, bool has_bias) {
   const int64_t E = static_cast<int64_t>(r.z.size()), K = p.topk;
   RowSelection sel;
@@ -87,10 +96,14 @@ RowSelection select_row(const RowScores& r, const RouterParams& p, bool has_bias
   if (p.grouped()) {
     const int64_t G = p.num_groups, per = E / G, kg = K / p.group_topk;
     std::vector<float> gscore(G);
+    std::vector<double> gflush(G, 0.0);
     for (int64_t g = 0; g < G; ++g) {
       std::vector<float> part(r.z.begin() + g * per, r.z.begin() + (g + 1) * per);
       float acc = 0.0f;
-      for (int i : canonical_topk(part, kg)) acc += part[i];  // fp32, in selection order
+      for (int i : canonical_topk(part, kg)) {
+        acc += part[i];  // fp32, in selection order
+        gflush[g] += flush_allowance(r.s[g * per + i]);
+      }
       gscore[g] = acc;
     }
     std::vector<int> order(G);
@@ -104,12 +117,13 @@ RowSelection select_row(const RowScores& r, const RouterParams& p, bool has_bias
     if (p.group_topk < G) {
       const double a = gscore[order[p.group_topk - 1]], b = gscore[order[p.group_topk]];
       sel.group_margin = a - b;
-      group_delta = 16.0 * ulp(DType::f32, std::max(std::fabs(a), std::fabs(b)));
+      group_delta = std::max(16.0 * ulp(DType::f32, std::max(std::fabs(a), std::fabs(b))),
+                             gflush[order[p.group_topk - 1]] + gflush[order[p.group_topk]]);
     }
   }
   sel.experts = canonical_topk(zc, K);
   sel.margin = INFINITY;
-  double mag = 0;
+  double mag = 0, flush = 0;
   if (K < E) {
     std::vector<int> all = canonical_topk(zc, std::min<int64_t>(K + 1, E));
     const int kth = all[K - 1], next = all[K];
@@ -118,8 +132,9 @@ RowSelection select_row(const RowScores& r, const RouterParams& p, bool has_bias
     mag = std::fabs(zc[kth]);
     if (has_bias) mag = std::max({mag, std::fabs(double(r.b[kth])), std::fabs(double(r.b[next]))});
     if (std::isnan(sel.margin)) sel.margin = INFINITY;  // -inf - -inf: no competitor
+    flush = flush_allowance(r.s[kth]) + flush_allowance(r.s[next]);
   }
-  sel.delta = std::max(16.0 * ulp(DType::f32, mag), group_delta);
+  sel.delta = std::max({16.0 * ulp(DType::f32, mag), flush, group_delta});
   return sel;
 }
 

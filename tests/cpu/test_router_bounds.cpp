@@ -16,6 +16,7 @@
 #include "harness/ops/edges.h"
 #include "harness/ops/router_family.h"
 #include "reference/aux_loss.h"
+#include "reference/topk_router.h"
 
 using namespace moe;
 using namespace moe::ops;
@@ -27,15 +28,22 @@ enum class Flavor {
   score_fn,   // harness/core/score_fn.h (the project's exp/log1p, as the CUDA twins)
   libm_cr,    // correctly rounded fp32 from double libm (a different, correct implementation)
   bf16_norm,  // the mutant: score_fn, but the normaliser (top-k sum) rounded to bf16
+  // score_fn, but sigma evaluated literally in fp32 with the host's expf (TE's sigmoid_scalar):
+  // 0 once exp(-x) overflows, where the exact value is a subnormal (SPEC §0: admissible).
+  fp32_literal,
 };
 const char* flavor_name(Flavor f) {
-  return f == Flavor::score_fn ? "score_fn" : f == Flavor::libm_cr ? "libm_cr" : "bf16_norm";
+  return f == Flavor::score_fn       ? "score_fn"
+         : f == Flavor::libm_cr      ? "libm_cr"
+         : f == Flavor::fp32_literal ? "fp32_literal"
+                                     : "bf16_norm";
 }
 
 float exp_f(Flavor fl, float x) {
   return fl == Flavor::libm_cr ? static_cast<float>(std::exp(double(x))) : score::exp_f32(x);
 }
 float sigmoid_f(Flavor fl, float x) {
+  if (fl == Flavor::fp32_literal) return 1.0f / (1.0f + std::exp(-x));
   return fl == Flavor::libm_cr ? static_cast<float>(1.0 / (1.0 + std::exp(-double(x))))
                                : score::sigmoid_f32(x);
 }
@@ -282,8 +290,9 @@ void record(const std::string& op, Flavor fl, DType d, const Report& r) {
 
 }  // namespace
 
-// A correct fp32 kernel, both score implementations, passes on the op's own random cases (edges
-// included).
+// A correct fp32 kernel, with each of three score implementations, passes on the op's own random
+// and named cases (edges included; the named every_pattern cases put every finite bf16 / f16
+// logit through it, fp32_literal's flushed sigmoids included).
 class CorrectKernel : public ::testing::TestWithParam<std::tuple<std::string, Flavor>> {};
 
 TEST_P(CorrectKernel, PassesTheRoundingAwareBound) {
@@ -305,14 +314,13 @@ TEST_P(CorrectKernel, PassesTheRoundingAwareBound) {
   print_worst(name + " " + flavor_name(fl));
 }
 
-INSTANTIATE_TEST_SUITE_P(Router, CorrectKernel,
-                         ::testing::Combine(::testing::Values("topk_router", "aux_loss_scores",
-                                                              "moe_aux_loss"),
-                                            ::testing::Values(Flavor::score_fn, Flavor::libm_cr)),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) + "_" +
-                                  flavor_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Router, CorrectKernel,
+    ::testing::Combine(::testing::Values("topk_router", "aux_loss_scores", "moe_aux_loss"),
+                       ::testing::Values(Flavor::score_fn, Flavor::libm_cr, Flavor::fp32_literal)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + flavor_name(std::get<1>(info.param));
+    });
 
 // The bf16-normaliser mutant (about one bf16 ulp in probs/scores) fails on typical cases: every
 // score function, bf16/f16/f32 outputs, several seeds; it fails on most routed elements.
@@ -504,6 +512,50 @@ TEST(SelfCheck, AuxScoresSavedAndSelectionAreCaught) {
     routing_map_set(m, 1, on, false);
     routing_map_set(m, 1, off, true);
     EXPECT_FALSE(o.invariants(c, in, bad_map).empty()) << c.line();
+  }
+}
+
+// SPEC §0 admits sigma = 0 where its exact value is below 2^-128 (TE's literal fp32 sigmoid), so
+// a boundary between two such scores is a near tie (§1.4, project copy): a kernel that flushes
+// both may pick either. Scores of ordinary size keep 16 ulp_f32, where a swap still fails.
+TEST(SelfCheck, FlushedSigmoidBoundaryIsANearTie) {
+  // sigma(-95.5) - sigma(-96) is ~940 subnormal ulps: beyond 16 ulp_f32, within the flush
+  // allowance.
+  const std::vector<double> tiny = {-95, -95.5, -96, -97, -98, -99, -100, -101};
+  const std::vector<double> normal = {2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5};
+  // topk_router: the reference's own margin and delta.
+  Tensor x(DType::f32, {2, 8});
+  for (int64_t e = 0; e < 8; ++e) x.set(0, e, tiny[e]), x.set(1, e, normal[e]);
+  RouterParams p;
+  p.topk = 2;
+  p.score_function = ScoreFunction::sigmoid;
+  const auto sel = ref::topk_router_select(x, nullptr, p);
+  EXPECT_GT(sel[0].margin, 0.0);  // distinct subnormal scores: not an exact tie
+  EXPECT_LE(sel[0].margin, sel[0].delta) << "flushed scores must be a near tie";
+  EXPECT_GT(sel[1].margin, sel[1].delta) << "ordinary scores must not be";
+  // aux_loss_scores: its comparison accepts a swapped boundary in the flushed row only.
+  const OpInfo& o = *find_op("aux_loss_scores");
+  Case c;
+  c.op = o.name;
+  c.dtype = DType::f32;
+  c.seed = 5;
+  c.set("T", int64_t{2}).set("E", int64_t{8}).set("topk", int64_t{2});
+  c.set("score_function", "sigmoid").set("routing_map_format", "bytemap");
+  TensorMap in = o.make_inputs(c);
+  in.at("input.logits") = x.clone();
+  const TensorMap want = o.reference(c, in, false);
+  for (int64_t row : {0, 1}) {
+    TensorMap got = clone(want);
+    Tensor& m = got.at("output.routing_map");
+    ASSERT_TRUE(routing_map_get(m, row, 1) && !routing_map_get(m, row, 2));
+    routing_map_set(m, row, 1, false);  // the 2nd pick swapped for the 3rd
+    routing_map_set(m, row, 2, true);
+    const Report r = o.compare(c, in, want, got);
+    if (row == 0) {
+      EXPECT_TRUE(r.ok()) << r.str();
+    } else {
+      EXPECT_FALSE(r.ok()) << "a swap of ordinary scores must fail";
+    }
   }
 }
 
