@@ -73,31 +73,36 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
       out.saved_scores.set(t, e, u[e]);
     }
     // routing_map: canonical top-K (value desc, index asc) of the fp32 scores the CUDA kernel
-    // selects on (SPEC §1.4 "Selection is defined on fp32 values"): score_fn.h's functions, its
-    // row_sum_f32 order and the same fp32 normalisation, so both sides see bitwise equal values.
-    std::vector<float> x32(E), s32(E);
-    for (int64_t e = 0; e < E; ++e) x32[e] = static_cast<float>(logits.at(t, e));
-    switch (f) {
-      case ScoreFunction::softmax:
-        score::softmax_f32(x32.data(), s32.data(), E);
-        break;
-      case ScoreFunction::sigmoid:
-      case ScoreFunction::sqrtsoftplus: {
-        for (int64_t e = 0; e < E; ++e) {
-          s32[e] = f == ScoreFunction::sigmoid ? score::sigmoid_f32(x32[e])
-                                               : score::sqrtsoftplus_f32(x32[e]);
-        }
-        const float den = score::row_sum_f32(s32.data(), E) + kRouterEps;
-        for (int64_t e = 0; e < E; ++e) s32[e] = s32[e] / den;
-        break;
-      }
-    }
+    // selects on, so both sides see bitwise equal values.
+    const std::vector<float> s32 = aux_selection_scores(logits, t, f);
     std::vector<int> idx(E);
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s32[a] > s32[b]; });
     for (int64_t k = 0; k < topk; ++k) routing_map_set(out.routing_map, t, idx[k], true);
   }
   return out;
+}
+
+std::vector<float> aux_selection_scores(const Tensor& logits, int64_t t, ScoreFunction f) {
+  const int64_t E = logits.dim(1);
+  std::vector<float> x32(E), s32(E);
+  for (int64_t e = 0; e < E; ++e) x32[e] = static_cast<float>(logits.at(t, e));
+  switch (f) {
+    case ScoreFunction::softmax:
+      score::softmax_f32(x32.data(), s32.data(), E);
+      break;
+    case ScoreFunction::sigmoid:
+    case ScoreFunction::sqrtsoftplus: {
+      for (int64_t e = 0; e < E; ++e) {
+        s32[e] = f == ScoreFunction::sigmoid ? score::sigmoid_f32(x32[e])
+                                             : score::sqrtsoftplus_f32(x32[e]);
+      }
+      const float den = score::row_sum_f32(s32.data(), E) + kRouterEps;
+      for (int64_t e = 0; e < E; ++e) s32[e] = s32[e] / den;
+      break;
+    }
+  }
+  return s32;
 }
 
 Tensor aux_loss_scores_bwd(const Tensor& grad_scores, const Tensor& saved_scores, ScoreFunction f,

@@ -6,6 +6,8 @@
 // aux_loss [] d, const_buf [2] f32 = {kappa, loss_f32}.
 #pragma once
 
+#include <vector>
+
 #include "harness/core/params/router.h"
 #include "reference/common.h"
 
@@ -18,6 +20,10 @@ struct AuxLossScoresFwd {
 };
 AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFunction f,
                                      MapFormat fmt, Rounding r = Rounding::to_dtype);
+// Row t's fp32 scores that the routing map selects on (SPEC §1.4 "Selection is defined on fp32
+// values"): score_fn.h's functions, row_sum_f32's order, + eps and one division (softmax:
+// softmax_f32), as the CUDA kernel computes them.
+std::vector<float> aux_selection_scores(const Tensor& logits, int64_t t, ScoreFunction f);
 // grad_scores [T,E] f32 -> grad_logits [T,E] in logits_dtype.
 Tensor aux_loss_scores_bwd(const Tensor& grad_scores, const Tensor& saved_scores, ScoreFunction f,
                            DType logits_dtype, Rounding r = Rounding::to_dtype);
