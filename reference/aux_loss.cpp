@@ -74,7 +74,7 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
     }
     // routing_map: canonical top-K (value desc, index asc) of the fp32 scores the CUDA kernel
     // selects on, so both sides see bitwise equal values.
-    const std::vector<float> s32 = aux_selection_scores(logits, t, f);
+    const std::vector<float> s32 = aux_selection_scores(logits, t, f).scores;
     std::vector<int> idx(E);
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s32[a] > s32[b]; });
@@ -83,26 +83,24 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
   return out;
 }
 
-std::vector<float> aux_selection_scores(const Tensor& logits, int64_t t, ScoreFunction f) {
+AuxSelection aux_selection_scores(const Tensor& logits, int64_t t, ScoreFunction f) {
   const int64_t E = logits.dim(1);
-  std::vector<float> x32(E), s32(E);
+  std::vector<float> x32(E);
   for (int64_t e = 0; e < E; ++e) x32[e] = static_cast<float>(logits.at(t, e));
-  switch (f) {
-    case ScoreFunction::softmax:
-      score::softmax_f32(x32.data(), s32.data(), E);
-      break;
-    case ScoreFunction::sigmoid:
-    case ScoreFunction::sqrtsoftplus: {
-      for (int64_t e = 0; e < E; ++e) {
-        s32[e] = f == ScoreFunction::sigmoid ? score::sigmoid_f32(x32[e])
-                                             : score::sqrtsoftplus_f32(x32[e]);
-      }
-      const float den = score::row_sum_f32(s32.data(), E) + kRouterEps;
-      for (int64_t e = 0; e < E; ++e) s32[e] = s32[e] / den;
-      break;
-    }
+  AuxSelection r;
+  r.scores.resize(E);
+  if (f == ScoreFunction::softmax) {
+    score::softmax_f32(x32.data(), r.scores.data(), E);
+    return r;
   }
-  return s32;
+  r.raw.resize(E);
+  for (int64_t e = 0; e < E; ++e) {
+    r.raw[e] =
+        f == ScoreFunction::sigmoid ? score::sigmoid_f32(x32[e]) : score::sqrtsoftplus_f32(x32[e]);
+  }
+  r.den = score::row_sum_f32(r.raw.data(), E) + kRouterEps;
+  for (int64_t e = 0; e < E; ++e) r.scores[e] = r.raw[e] / r.den;
+  return r;
 }
 
 Tensor aux_loss_scores_bwd(const Tensor& grad_scores, const Tensor& saved_scores, ScoreFunction f,

@@ -22,8 +22,13 @@ AuxLossScoresFwd aux_loss_scores_fwd(const Tensor& logits, int64_t topk, ScoreFu
                                      MapFormat fmt, Rounding r = Rounding::to_dtype);
 // Row t's fp32 scores that the routing map selects on (SPEC §1.4 "Selection is defined on fp32
 // values"): score_fn.h's functions, row_sum_f32's order, + eps and one division (softmax:
-// softmax_f32), as the CUDA kernel computes them.
-std::vector<float> aux_selection_scores(const Tensor& logits, int64_t t, ScoreFunction f);
+// softmax_f32), as the CUDA kernel computes them. raw and den: the sigmoid / sqrtsoftplus scores
+// before that division and their normaliser (softmax: raw empty, den 1).
+struct AuxSelection {
+  std::vector<float> scores, raw;
+  float den = 1.0f;
+};
+AuxSelection aux_selection_scores(const Tensor& logits, int64_t t, ScoreFunction f);
 // grad_scores [T,E] f32 -> grad_logits [T,E] in logits_dtype.
 Tensor aux_loss_scores_bwd(const Tensor& grad_scores, const Tensor& saved_scores, ScoreFunction f,
                            DType logits_dtype, Rounding r = Rounding::to_dtype);

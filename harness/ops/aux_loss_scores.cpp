@@ -210,7 +210,8 @@ Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const 
   const int64_t E = c.i("E"), K = c.i("topk");
   for (int64_t t : rows) {
     // The margin of the fp32 scores selection is defined on (SPEC §1.4), as the reference's map.
-    const std::vector<float> s = ref::aux_selection_scores(logits, t, f);
+    const ref::AuxSelection sel = ref::aux_selection_scores(logits, t, f);
+    const std::vector<float>& s = sel.scores;
     std::vector<int64_t> order(E);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[a] > s[b]; });
@@ -220,12 +221,8 @@ Report compare(const Case& c, const TensorMap& in, const TensorMap& want, const 
     // normaliser's own error scales every score alike and moves no boundary.
     double delta = 16.0 * ulp(DType::f32, s[order[K - 1]]);
     if (f == ScoreFunction::sigmoid && K < E) {
-      std::vector<float> u(E);
-      for (int64_t e = 0; e < E; ++e)
-        u[e] = score::sigmoid_f32(static_cast<float>(logits.at(t, e)));
-      const double den = static_cast<double>(score::row_sum_f32(u.data(), E) + kRouterEps);
-      auto flushed = [&](int64_t e) { return u[e] < 0x1.0p-128f ? double(u[e]) : 0.0; };
-      delta = std::max(delta, (flushed(order[K - 1]) + flushed(order[K])) / den);
+      auto flushed = [&](int64_t e) { return sel.raw[e] < 0x1.0p-128f ? double(sel.raw[e]) : 0.0; };
+      delta = std::max(delta, (flushed(order[K - 1]) + flushed(order[K])) / double(sel.den));
     }
     if (margin > delta) {
       failures.push_back("routing_map row " + std::to_string(t) +
