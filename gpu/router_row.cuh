@@ -761,13 +761,11 @@ __global__ void __launch_bounds__(kBlock, 4) fwd8_kernel(const FwdArgs a) {
       for (int k = 0; k < kWords; ++k)
         reinterpret_cast<uint4*>(slut)[threadIdx.x + k * kBlock] = w[k];
     } else {
-      // Both signs of a pattern from one e^-|x| and one reciprocal: score::sigmoid_f32's own
-      // steps, so bitwise its two values.
+      // Both signs of a pattern from one e^-|x| and one reciprocal, bitwise sigmoid_f32's.
       for (uint32_t i = threadIdx.x; i < kSigN; i += kBlock) {
-        const float x = bits16_to_f32<__nv_bfloat16>(sig_pattern(i));  // > 0
-        const float t = score::exp_core_f32(score::fmax_f32(-x, -104.0f));
-        const float inv = score::rcp_1to2_f32(1.0f + t);
-        reinterpret_cast<float2*>(slut)[i] = make_float2(inv, t * inv);
+        const score::SigmoidPair s =
+            score::sigmoid_pair_f32(bits16_to_f32<__nv_bfloat16>(sig_pattern(i)));  // x > 0
+        reinterpret_cast<float2*>(slut)[i] = make_float2(s.pos, s.neg);
       }
     }
   }

@@ -165,6 +165,18 @@ MOE_HD float sigmoid_f32(float x) {
   return x >= 0.0f ? inv : t * inv;
 }
 
+// sigma(ax) and sigma(-ax) for ax >= 0 (not NaN) from sigmoid_f32's steps, sharing t = e^-ax and
+// the reciprocal: bitwise sigmoid_f32(ax) and sigmoid_f32(-ax). Fills a table of both signs of
+// every pattern at half the cost (gpu/router_row.cuh, variant 2's table without the upload).
+struct SigmoidPair {
+  float pos, neg;
+};
+MOE_HD SigmoidPair sigmoid_pair_f32(float ax) {
+  const float t = exp_core_f32(fmax_f32(-ax, -104.0f));
+  const float inv = rcp_1to2_f32(1.0f + t);
+  return {inv, t * inv};
+}
+
 // sp(x) = x if x > 20, else log1p(exp(x)) (SPEC §1.2).
 MOE_HD float softplus_f32(float x) {
   return x > 20.0f ? x : log1p_f32(exp_f32(x));

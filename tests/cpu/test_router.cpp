@@ -151,6 +151,19 @@ TEST(ScoreFn, SigmoidAndSqrtSoftplusAccurateIncludingDeepNegativeLogits) {
   RecordProperty("sqrtsoftplus_max_ulp", std::to_string(worst_ssp));
 }
 
+// sigmoid_pair_f32(|x|) is bitwise {sigmoid_f32(|x|), sigmoid_f32(-|x|)}: over every positive
+// finite bf16 pattern (the router's table, gpu/router_row.cuh) and every 97th fp32 pattern.
+TEST(ScoreFn, SigmoidPairIsBitwiseSigmoidOfBothSigns) {
+  auto expect_pair = [](uint32_t bits) {
+    const float ax = score::bits_float(bits);
+    const score::SigmoidPair p = score::sigmoid_pair_f32(ax);
+    ASSERT_EQ(score::float_bits(p.pos), score::float_bits(score::sigmoid_f32(ax))) << ax;
+    ASSERT_EQ(score::float_bits(p.neg), score::float_bits(score::sigmoid_f32(-ax))) << ax;
+  };
+  for (uint32_t b = 0; b < 0x7f80u; ++b) expect_pair(b << 16);
+  for (uint32_t b = 0; b < 0x7f800000u; b += 97) expect_pair(b);
+}
+
 // aux_loss_scores selects on the fp32 scores the kernel computes (score_fn.h, row_sum_f32 order,
 // fp32 normalisation), not on rounded double scores: the reference's routing_map is the canonical
 // top-K of exactly those values.
