@@ -17,7 +17,8 @@
 # from that build. Each variant is the same tree with a patch applied (git apply; a bare number names
 # tests/mutants/NNN_*.patch, its name then the number), built incrementally; the kit keeps the
 # archive members and objects it changed (the code of another revision: `git diff HEAD REV -- gpu
-# >old.patch`, then --variant old=old.patch). --out also packs KIT into FILE (tar, xz) to carry.
+# >old.patch`, then --variant old=old.patch). A variant that changes a link line (a new source
+# file or library) is refused. --out also packs KIT into FILE (tar, xz) to carry.
 # link: links every target for the base ("base") and each NAME (default: every variant of the kit)
 # into KIT/bin/NAME/, against the CUDA libraries it finds on that machine (MOE_KIT_CUDA_LIB, else
 # the directory of libcudart.so under /usr/local/cuda) and the kit's copies of the Debian static
@@ -167,17 +168,20 @@ build() {  # log
 echo "gpu_kit: building $targets in $bd"
 build "$work/build-base.log" || die "the base build failed ($work/build-base.log)"
 
+# The link is the command of ninja's last edge for a target that starts with the compiler driver:
+# the edge may chain a post-build step (gtest_discover_tests: `cd ... && cmake -P ...`) after it.
+link_line() {
+  ninja -C "$bd" -t commands "$1" | tail -1 | sed 's/ && /\n/g' | grep -m1 -E '^[^ ]*(c|g)\+\+ '
+}
 # Each target's link line (ninja's last command for it) with its inputs as kit tokens: objects
 # and archives of the build dir (@base/), static libraries outside CUDA (@sys/: Debian's), CUDA
 # libraries as -l (found again at link time), CUDA -L and rpath dropped.
 rm -rf "$kit" && mkdir -p "$kit/link" "$kit/base" "$kit/sys"
 : >"$kit/inputs"
 for t in $targets; do
-  # The link is the command of the last edge that starts with the compiler driver: the edge may
-  # chain a post-build step (gtest_discover_tests: `cd ... && cmake -P ...`) after it.
-  line=$(ninja -C "$bd" -t commands "$t" | tail -1 | sed 's/ && /\n/g' |
-    grep -m1 -E '^[^ ]*(c|g)\+\+ ')
+  line=$(link_line "$t")
   [[ -n $line ]] || die "no link command for $t"
+  echo "$line" >"$work/link-$t.base"
   out_next=0
   : >"$kit/link/$t.txt"
   # shellcheck disable=SC2086
@@ -234,8 +238,14 @@ for i in "${!vnames[@]}"; do
   files=$(cd "$tree" && git apply --numstat "$p" 2>/dev/null | cut -f3)
   [[ -n $files ]] || { echo "gpu_kit: variant $n: $p touches no file" >&2; status=1; continue; }
   rm -rf "$work/orig" && mkdir -p "$work/orig"
-  for f in $files; do mkdir -p "$(dirname "$work/orig/$f")" && cp "$tree/$f" "$work/orig/$f"; done
-  restore() { for f in $files; do cp "$work/orig/$f" "$tree/$f"; done; }
+  for f in $files; do
+    [[ -f $tree/$f ]] && mkdir -p "$(dirname "$work/orig/$f")" && cp "$tree/$f" "$work/orig/$f"
+  done
+  restore() {  # the patched files as they were; those the patch created removed
+    for f in $files; do
+      if [[ -f $work/orig/$f ]]; then cp "$work/orig/$f" "$tree/$f"; else rm -f "$tree/$f"; fi
+    done
+  }
   if ! (cd "$tree" && GIT_CEILING_DIRECTORIES=$(dirname "$tree") git apply "$p") \
       >"$work/apply-$n.log" 2>&1; then
     echo "gpu_kit: variant $n: $p does not apply ($work/apply-$n.log)" >&2
@@ -244,6 +254,17 @@ for i in "${!vnames[@]}"; do
   echo "gpu_kit: building variant $n ($files)"
   if ! build "$work/build-$n.log"; then
     echo "gpu_kit: variant $n does not build ($work/build-$n.log)" >&2
+    restore; status=1; continue
+  fi
+  # A variant links with the base's line: one that adds a source file or a library (a new link
+  # input) cannot be put together from the base's inputs.
+  relinks=""
+  for t in $targets; do
+    [[ $(link_line "$t") == "$(cat "$work/link-$t.base")" ]] || relinks+=" $t"
+  done
+  if [[ -n $relinks ]]; then
+    echo "gpu_kit: variant $n changes the link line of$relinks (a new source file or library):" \
+      "not supported" >&2
     restore; status=1; continue
   fi
   sums "$bd" | sort >"$work/$n.sums"
