@@ -141,20 +141,12 @@ done
 command -v ninja >/dev/null || die "ninja not found" 2
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 
-# The scratch tree: only files whose content changed are copied (new mtime: ninja rebuilds what
-# they touch, nothing else); files the source no longer has are removed.
+# The scratch tree, synced as scripts/mutation_score.sh syncs its own.
+# shellcheck source=scripts/scratch_tree.sh
+source "$root/scripts/scratch_tree.sh"
 tree=$work/tree bd=$work/tree/build-kit stage=$work/stage
-mkdir -p "$work" && rm -rf "$stage" && mkdir -p "$stage"
-(cd "$root" && git ls-files -z --cached --others --exclude-standard |
-  tar --null --no-recursion --ignore-failed-read -cf - -T - 2>/dev/null) | tar -xf - -C "$stage" ||
-  die "staging the tree failed"
-mkdir -p "$tree"
-(cd "$stage" && find . -type f) | while read -r f; do
-  cmp -s "$stage/$f" "$tree/$f" || { mkdir -p "$(dirname "$tree/$f")" && cp "$stage/$f" "$tree/$f"; }
-done
-(cd "$tree" && find . -type f ! -path './build-kit/*') | while read -r f; do
-  [[ -e $stage/$f ]] || rm -f "$tree/$f"
-done
+mkdir -p "$work" && stage_tree "$root" "$stage" || die "staging the tree failed"
+sync_tree "$stage" "$tree" build-kit
 if [[ ! -f $bd/build.ninja ]]; then
   # shellcheck disable=SC2086
   cmake -S "$tree" -B "$bd" -G Ninja -DCMAKE_BUILD_TYPE=Release \

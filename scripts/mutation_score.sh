@@ -175,31 +175,12 @@ mkdir -p "$results"
 log "${#mutants[@]} mutants; mode $mode; nvcc $has_nvcc; gpu $has_gpu; jobs $jobs; work $work"
 
 # ---- scratch trees ------------------------------------------------------------------------------
+# shellcheck source=scripts/scratch_tree.sh
+source "$root/scripts/scratch_tree.sh"
 stage="$work/src"
-rm -rf "$stage" && mkdir -p "$stage"
-if git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
-  if [[ $head -eq 1 ]]; then
-    git -C "$root" archive HEAD | tar -x -C "$stage"
-  else
-    (cd "$root" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$stage"
-  fi
-else
-  tar -C "$root" --exclude='./build*' --exclude='./.git' -cf - . | tar -xf - -C "$stage"
-fi
+stage_tree "$root" "$stage" "$([[ $head -eq 1 ]] && echo head)"
 src_hash=$(cd "$stage" && find . -type f ! -path './tests/mutants/*' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12)
 
-# Copies into tree $1 only the files whose content differs (new mtime, so ninja rebuilds them and
-# nothing else) and removes files the source no longer has.
-sync_tree() {
-  local t=$1 f
-  mkdir -p "$t"
-  (cd "$stage" && find . -type f) | while read -r f; do
-    if ! cmp -s "$stage/$f" "$t/$f"; then mkdir -p "$(dirname "$t/$f")" && cp "$stage/$f" "$t/$f"; fi
-  done
-  (cd "$t" && find . -type f ! -path './build-mut/*') | while read -r f; do
-    [[ -e $stage/$f ]] || rm -f "$t/$f"
-  done
-}
 # moe_cpu_tests (a third of the build) only serves reference/ and harness/ mutants: the ctest
 # gate of a gpu/ mutant runs the gpu label alone.
 host_mutants=0
@@ -236,7 +217,7 @@ per=$(( ncpu / jobs > 0 ? ncpu / jobs : 1 ))
 log "syncing and building $jobs tree(s) (source $src_hash, -j $per each)"
 pids=()
 for ((j = 0; j < jobs; ++j)); do
-  (sync_tree "$(tree_of $j)" && build_tree "$(tree_of $j)" "$per" "$work/logs/build-tree$j.log") &
+  (sync_tree "$stage" "$(tree_of $j)" build-mut && build_tree "$(tree_of $j)" "$per" "$work/logs/build-tree$j.log") &
   pids+=($!)
 done
 fail=0
