@@ -878,10 +878,10 @@ __device__ __forceinline__ int wait_products(int it) {
 }
 
 // The stage loop of every consumer warpgroup: for each of k_blocks stages, wait for it, and
-// (kActive) issue its products (mma(s), between the fence and the commit); then release a stage to
-// the producers of both CTAs (the peer's multicast writes this CTA's copy). `it` counts stages
-// across tiles. between(kb) runs after block kb's products are committed, while they run (work
-// that touches no accumulator: the deferred epilogue).
+// (kActive) issue its products (mma(s, kb): stage s holds k-block kb; between the fence and the
+// commit); then release a stage to the producers of both CTAs (the peer's multicast writes this
+// CTA's copy). `it` counts stages across tiles. between(kb) runs after block kb's products are
+// committed, while they run (work that touches no accumulator: the deferred epilogue).
 //
 // kHold picks when a stage goes back. true: wait for the previous block's products only and
 // release the previous stage, so the tensor pipe never drains between blocks, but a stage is held
@@ -916,7 +916,7 @@ __device__ __forceinline__ void consume_stages(uint64_t* full, uint64_t* empty, 
     mbar_wait(&full[s], (it / kS) & 1);
     if constexpr (kActive) {
       wgmma_fence();
-      mma(s);
+      mma(s, kb);
       wgmma_commit();
       between(kb);
       if constexpr (kHold) {
@@ -979,7 +979,7 @@ __device__ __forceinline__ void consume_tile(const KParams& p, uint8_t* smem, ui
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
   consume_stages<kActive, false>(
       full, empty, p.k_blocks, it,
-      [&](int s) {
+      [&](int s, int) {
         const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
         const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
 #pragma unroll
@@ -1019,7 +1019,7 @@ __device__ __forceinline__ void consume_narrow(const KParams& p, uint8_t* smem, 
                                                uint64_t* empty, int cw, int& it,
                                                float (&acc)[128]) {
   constexpr int kStageBytesR = stage_bytes_rows(kFold);
-  consume_stages<true, false>(full, empty, p.k_blocks, it, [&](int s) {
+  consume_stages<true, false>(full, empty, p.k_blocks, it, [&](int s, int) {
     const uint32_t sa = smem_addr(smem + s * kStageBytesR) + cw * (64 * 128);
     const uint32_t sb = smem_addr(smem + s * kStageBytesR + kABytes);
 #pragma unroll
@@ -1084,14 +1084,14 @@ __device__ __forceinline__ void consume_tile_w(uint8_t* smem, uint64_t* full, ui
                                                Between&& between) {
   consume_stages<kActive, true>(
       full, empty, k_blocks, it,
-      [&](int s) {
+      [&](int s, int kb) {
         uint8_t* stage = smem + s * kStageBytes;
         const uint32_t sa = smem_addr(stage) + cw * kChunkBytes, sb = smem_addr(stage + kABytes);
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
           const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
           const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
-          wgmma_m64n256k16<T, 1, 1>(acc, da, db);
+          wgmma_m64n256k16<T, 1, 1>(acc, da, db, kb > 0 || kk > 0);
         }
       },
       between);
@@ -1109,7 +1109,7 @@ __device__ __forceinline__ void consume_tile_panel(uint8_t* smem, uint64_t* full
   uint32_t slot = 0;
   consume_stages<kActive, true, kS>(
       full, empty, k_blocks, it,
-      [&](int s) {
+      [&](int s, int kb) {
         const uint32_t sa =
             smem_addr(smem + PanelShape{kS, kP}.at() + slot * kABytes) + cw * kChunkBytes;
         const uint32_t sb = smem_addr(smem + s * kBBytes);
@@ -1117,7 +1117,7 @@ __device__ __forceinline__ void consume_tile_panel(uint8_t* smem, uint64_t* full
         for (int kk = 0; kk < kBK / 16; ++kk) {
           const uint64_t da = make_desc(sa + kk * 2048, kChunkBytes, 1024);
           const uint64_t db = make_desc(sb + kk * 2048, kChunkBytes, 1024);
-          wgmma_m64n256k16<T, 1, 1>(acc, da, db);
+          wgmma_m64n256k16<T, 1, 1>(acc, da, db, kb > 0 || kk > 0);
         }
       },
       between,
@@ -1422,7 +1422,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     // This warp's staging buffer for the epilogue (kTma: this warpgroup's).
     uint8_t* stage_out = kTma ? pipe.smem + kOutAt + cw * kOutBoxes * kOutBox
                               : pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
+    // A tile's first product writes acc (wgmma_m64n256k16's add = 0) rather than adding to
+    // zeros: no 128 moves a tile at the tile boundary, where both warpgroups' products have
+    // drained and the tensor pipe waits for the next ones. Zeroed once, so acc is never read
+    // undefined (an inactive warpgroup's tile issues nothing).
     float acc[128];
+#pragma unroll
+    for (int q = 0; q < 128; ++q) acc[q] = 0.0f;
     // kDefer: the previous tile's block, rounded (pack_block), and where it goes; its halves are
     // written between the next tile's first blocks (half 0 after block 0's commit, half 1 after
     // block 2's, or block 1's in a two-block tile, so the first half's stores have a block's
@@ -1436,8 +1442,6 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     for (int t = cluster_id; t < p.tiles;) {
       const WTile tl = decode_w(p, t, rank, rec);
       rec = group_record(p, t + clusters);  // used after this tile's products and stores
-#pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
       const int64_t i = tl.i0 + 64 * cw;
       if constexpr (kDefer) {
@@ -1591,7 +1595,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // rows [i0 + 64 cw, i0 + 64 cw + 64) of c[g]
     uint8_t* stage_out = smem + kShape.out_at() + cw * kOutBoxes * kOutBox;
+    // A tile's first product writes acc (wgmma_m64n256k16's add = 0) rather than adding to
+    // zeros: no 128 moves a tile at the tile boundary, where both warpgroups' products have
+    // drained and the tensor pipe waits for the next ones. Zeroed once, so acc is never read
+    // undefined (an inactive warpgroup's tile issues nothing).
     float acc[128];
+#pragma unroll
+    for (int q = 0; q < 128; ++q) acc[q] = 0.0f;
     uint32_t packed[64];        // the previous tile's block (grouped_cols_kernel's kDefer)
     OutBlock pend{0, 0, 0, 0};  // boxes 0: nothing pending
     const uint64_t pol = p.hint_c ? l2_policy(p.hint_c) : 0;
@@ -1605,8 +1615,6 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       const int64_t i = tl.i0 + 64 * cw;
       for (int j = 0; j < p.n_tiles; ++j) {
         const int n0 = j * kBN;
-#pragma unroll
-        for (int q = 0; q < 128; ++q) acc[q] = 0.0f;
         if (i < p.mc) {
           const int second = k_blocks >= 3 ? 2 : 1;
           int written = 0;  // halves of pend written

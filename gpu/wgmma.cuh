@@ -64,10 +64,13 @@ __device__ __forceinline__ void wgmma_wait() {
       "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),         \
       "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
-// d[64 x 256] += A[64 x 16] . B[16 x 256], 16-bit operands (bf16 or f16), fp32 accumulators.
-// kTransA / kTransB = 1 for an MN-major A / B (the transpose flags of the instruction).
+// d[64 x 256] += A[64 x 16] . B[16 x 256], 16-bit operands (bf16 or f16), fp32 accumulators;
+// with add = 0, d = A . B (the instruction's scale-d: d's old values are not read, so a tile's
+// first product needs no zeroed accumulators). kTransA / kTransB = 1 for an MN-major A / B (the
+// transpose flags of the instruction).
 template <class T, int kTransA, int kTransB>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db,
+                                                 int add = 1) {
   static_assert(kTransA == 0 || kTransA == 1, "kTransA");
   static_assert(kTransB == 0 || kTransB == 1, "kTransB");
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -76,7 +79,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MOE_WGMMA_REGS
         "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         : MOE_WGMMA_OUTS
-        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+        : "l"(da), "l"(db), "r"(add), "n"(kTransA), "n"(kTransB));
   } else {
     static_assert(std::is_same_v<T, __half>, "wgmma_m64n256k16: bf16 or f16 operands");
     asm volatile(
@@ -84,7 +87,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" MOE_WGMMA_REGS
         "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
         : MOE_WGMMA_OUTS
-        : "l"(da), "l"(db), "r"(1), "n"(kTransA), "n"(kTransB));
+        : "l"(da), "l"(db), "r"(add), "n"(kTransA), "n"(kTransB));
   }
 }
 
