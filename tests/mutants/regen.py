@@ -572,6 +572,11 @@ M = [
      "        sum = sum + z[j];\n      const float den = seg_sum<LANES>(sum) + kEps;",
      "aux_loss_scores on variant 2, bf16 sigmoid (session 39): the row sum also adds the table "
      "entries read by lanes without experts (E < 256), so every score of such a row is too small"),
+    ("111", "wgrad_panel_first_slice_each_block", "missing-accumulation", "gpu/grouped_gemm_sm90.cu",
+     2, "wgmma_m64n256k16<T, 1, 1>(acc, da, db, kb > 0 || kk > 0);",
+     "wgmma_m64n256k16<T, 1, 1>(acc, da, db, kk > 0);",
+     "sm90 panel wgrad kernel (session 41): the first k-slice of every k-block, not only of the "
+     "tile's first, writes the accumulators, so a tile keeps only its last block's products"),
 ]
 
 
