@@ -7,7 +7,16 @@
 #   scripts/gpu_ab.sh [--patch FILE] [--env-a 'K=V ...'] [--env-b 'K=V ...'] [--rounds N]
 #                     [--cases LIST] [--impls LIST] [--build DIR] [--out DIR] [--timeout S]
 #                     [--dry-run]
+#   scripts/gpu_ab.sh --kit KIT [--sides LIST] [--rounds N] [--cases LIST] [--impls LIST]
+#                     [--build DIR] [--out DIR] [--dry-run]
 #   scripts/gpu_ab.sh --summary FILE     # the table again, from ab.txt (of any number of sides)
+#
+# --kit: no build on the GPU machine. KIT is a scripts/gpu_kit.sh kit, packed (the .txz of
+# `gpu_kit.sh pack --out`, unpacked into --build) or a directory; its link.sh links the sides'
+# moe_gpu_tests. --sides: comma-separated, each a kit name (base, or a variant) with any K=V
+# settings after colons (bp:MOE_SM90_WGRAD_BPANEL=off: variant bp's binary under that variable),
+# default base and every variant of the kit. Any number of sides, interleaved in the order given,
+# the first the table's reference. Session 41 ran three such A/Bs by hand.
 #
 # Defaults: 3 rounds, --cases deepseek_uniform,deepseek_skewed, --impls sm90w, --build
 # /tmp/moe-ab (a directory of its own: a machine may hold another session's build elsewhere),
@@ -17,18 +26,18 @@
 # `git apply` where patch is missing): only what the patch touches is rebuilt; the patch is
 # reverted at the end. Without --patch, --env-a or --env-b must differ from the other.
 #
-# Out dir: build_a.log, build_b.log, ab.txt (each GemmBench line, tagged "<side> <round>"),
-# summary.txt (the table). Needs a GPU, the CUDA toolkit, and the Debian deps unpacked as
-# scripts/gpu_gate.sh does (.deps/debs) or installed.
+# Out dir: build_a.log, build_b.log (--kit: link.log), ab.txt (each GemmBench line, tagged
+# "<side> <round>"), summary.txt (the table). Needs a GPU and, to build, the CUDA toolkit and the
+# Debian deps unpacked as scripts/gpu_gate.sh does (.deps/debs) or installed; --kit needs neither.
 set -uo pipefail
 from=$PWD  # relative --patch / --summary paths are the caller's
 cd "$(dirname "$0")/.." || exit 2
 
 usage() {
   echo "gpu_ab.sh: $1" >&2
-  echo "usage: scripts/gpu_ab.sh [--patch FILE] [--env-a 'K=V ...'] [--env-b 'K=V ...']" \
-    "[--rounds N] [--cases LIST] [--impls LIST] [--build DIR] [--out DIR] [--timeout S]" \
-    "[--dry-run] | --summary FILE" >&2
+  echo "usage: scripts/gpu_ab.sh [--patch FILE | --kit KIT [--sides LIST]] [--env-a 'K=V ...']" \
+    "[--env-b 'K=V ...'] [--rounds N] [--cases LIST] [--impls LIST] [--build DIR] [--out DIR]" \
+    "[--timeout S] [--dry-run] | --summary FILE" >&2
   exit 2
 }
 
@@ -94,17 +103,18 @@ apply_patch() {
 }
 
 patch_file="" env_a="" env_b="" rounds=3 cases="deepseek_uniform,deepseek_skewed" impls="sm90w"
-build=/tmp/moe-ab out=${OUT:-build-gpu/ab} limit=900 dry=0
+build=/tmp/moe-ab out=${OUT:-build-gpu/ab} limit=900 dry=0 kit="" side_list=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --summary) [[ $# -ge 2 ]] || usage "--summary needs a file"
       f=$2; [[ $f == /* ]] || f=$from/$f
       [[ -r $f ]] || usage "--summary: no readable file '$2'"
       summary "$f"; exit $? ;;
-    --patch|--env-a|--env-b|--rounds|--cases|--impls|--build|--out|--timeout)
+    --patch|--env-a|--env-b|--rounds|--cases|--impls|--build|--out|--timeout|--kit|--sides)
       [[ $# -ge 2 ]] || usage "$1 needs a value"
       case $1 in
         --patch) patch_file=$2 ;; --env-a) env_a=$2 ;; --env-b) env_b=$2 ;;
+        --kit) kit=$2 ;; --sides) side_list=$2 ;;
         --rounds) rounds=$2 ;; --cases) cases=$2 ;; --impls) impls=$2 ;;
         --build) build=$2 ;; --out) out=$2 ;; --timeout) limit=$2 ;;
       esac
@@ -118,7 +128,41 @@ done
 for kv in $env_a $env_b; do
   [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || usage "--env-a / --env-b: expected K=V, got '$kv'"
 done
-if [[ -n $patch_file ]]; then
+if [[ -n $kit ]]; then
+  [[ -z $patch_file && -z $env_a && -z $env_b ]] ||
+    usage "--kit: its sides are kit names with settings (--sides), not --patch / --env-a / --env-b"
+  [[ $kit == /* ]] || kit=$from/$kit
+  # The kit's names: base and each variant (var/NAME/ in the directory or the archive).
+  if [[ -d $kit ]]; then
+    [[ -f $kit/targets ]] || usage "--kit: '$kit' is not a kit (no targets file)"
+    names=$(cd "$kit" && ls -d var/*/ 2>/dev/null | cut -d/ -f2)
+  elif [[ -r $kit ]]; then
+    names=$(tar tJf "$kit" 2>/dev/null | sed -n 's|^gpu-kit/var/\([^/]*\)/$|\1|p' | sort -u) ||
+      usage "--kit: '$kit' is not a packed kit"
+    tar tJf "$kit" gpu-kit/targets >/dev/null 2>&1 || usage "--kit: '$kit' is not a packed kit"
+  else
+    usage "--kit: no kit at '$kit'"
+  fi
+  [[ -n $side_list ]] || side_list=$(echo base $names | tr ' ' ',')
+  declare -A bin envs
+  sides=()
+  IFS=, read -r -a given <<<"$side_list"
+  for side in "${given[@]}"; do
+    name=${side%%:*} settings=""
+    [[ $side == *:* ]] && settings=${side#*:}
+    [[ $name == base ]] || grep -qx -- "$name" <<<"$names" ||
+      usage "--sides: no '$name' in the kit (base${names:+,$(echo $names | tr ' ' ',')})"
+    for kv in ${settings//:/ }; do
+      [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || usage "--sides: expected NAME:K=V, got '$side'"
+    done
+    [[ -z ${envs[$side]+x} ]] || usage "--sides: '$side' twice"
+    sides+=("$side")
+    bin[$side]=$build/gpu-kit/bin/$name/moe_gpu_tests envs[$side]=${settings//:/ }
+  done
+  [[ ${#sides[@]} -ge 2 ]] || usage "--sides: at least two, got '$side_list'"
+elif [[ -n $side_list ]]; then
+  usage "--sides needs --kit"
+elif [[ -n $patch_file ]]; then
   [[ $patch_file == /* ]] || patch_file=$from/$patch_file
   [[ -r $patch_file ]] || usage "--patch: no readable file '$patch_file'"
   apply_patch --check ||
@@ -127,15 +171,22 @@ elif [[ $env_a == "$env_b" ]]; then
   usage "without --patch the sides differ only by --env-a / --env-b, and both are '$env_a'"
 fi
 
-# The two binaries, and each side's variables.
-bin_a=$build/ab_a/moe_gpu_tests bin_b=$build/ab_a/moe_gpu_tests
-[[ -n $patch_file ]] && bin_b=$build/ab_b/moe_gpu_tests
-declare -A bin=([a]=$bin_a [b]=$bin_b) envs=([a]=$env_a [b]=$env_b)
+# The two binaries, and each side's variables (--kit: set above, any number of sides).
+if [[ -z $kit ]]; then
+  bin_a=$build/ab_a/moe_gpu_tests bin_b=$build/ab_a/moe_gpu_tests
+  [[ -n $patch_file ]] && bin_b=$build/ab_b/moe_gpu_tests
+  declare -A bin=([a]=$bin_a [b]=$bin_b) envs=([a]=$env_a [b]=$env_b)
+  sides=(a b)
+fi
 filter='GemmBench.GroupedVsDense*'
 if [[ $dry -eq 1 ]]; then
-  echo "build: $build (moe_gpu_tests) -> $bin_a${patch_file:+; patch $patch_file -> $bin_b}"
+  if [[ -n $kit ]]; then
+    echo "kit: $kit -> $build/gpu-kit (linked there: $(printf '%s\n' "${sides[@]%%:*}" | sort -u | xargs))"
+  else
+    echo "build: $build (moe_gpu_tests) -> $bin_a${patch_file:+; patch $patch_file -> $bin_b}"
+  fi
   for r in $(seq "$rounds"); do
-    for s in a b; do
+    for s in "${sides[@]}"; do
       echo "round $r side $s: ${envs[$s]:+${envs[$s]} }MOE_GEMM_BENCH=1" \
         "MOE_GEMM_BENCH_CASES=$cases MOE_GEMM_BENCH_IMPLS=$impls ${bin[$s]} --gtest_filter=$filter"
     done
@@ -146,12 +197,6 @@ fi
 nvidia-smi -L >/dev/null 2>&1 || { echo "gpu_ab.sh: no GPU here (nvidia-smi -L failed)" >&2; exit 2; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-source scripts/gpu_deps.sh
-moe_unpack_deps || { echo "gpu_ab.sh: unpacking .deps failed"; exit 2; }
-prefix=$moe_prefix
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-
 # build SIDE: moe_gpu_tests into $build, copied to $build/ab_SIDE.
 build_side() {
   local t0=$SECONDS
@@ -165,27 +210,50 @@ build_side() {
   fi
   mkdir -p "$build/ab_$1" && cp "$build/moe_gpu_tests" "$build/ab_$1/"
 }
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
-  >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 2; }
-build_side a || exit 1
-if [[ -n $patch_file ]]; then
-  apply_patch || { echo "gpu_ab.sh: the patch failed"; exit 1; }
-  build_side b
-  rc=$?
-  apply_patch -R || echo "gpu_ab.sh: reverting the patch failed"
-  [[ $rc -eq 0 ]] || exit 1
+if [[ -n $kit ]]; then
+  # No build: the kit's link.sh links the sides' names into $build/gpu-kit/bin.
+  mkdir -p "$build"
+  if [[ -d $kit ]]; then
+    [[ $kit -ef $build/gpu-kit ]] || { rm -rf "$build/gpu-kit" && cp -r "$kit" "$build/gpu-kit"; }
+  else
+    { rm -rf "$build/gpu-kit" && tar xJf "$kit" -C "$build"; } ||
+      { echo "gpu_ab.sh: unpacking $kit failed"; exit 2; }
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+  mapfile -t link_names < <(printf '%s\n' "${sides[@]%%:*}" | sort -u)
+  bash "$build/gpu-kit/link.sh" "${link_names[@]}" >"$out/link.log" 2>&1 ||
+    { tail -15 "$out/link.log"; exit 1; }
+else
+  command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+  source scripts/gpu_deps.sh
+  moe_unpack_deps || { echo "gpu_ab.sh: unpacking .deps failed"; exit 2; }
+  prefix=$moe_prefix
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
+    >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 2; }
+  build_side a || exit 1
+  if [[ -n $patch_file ]]; then
+    apply_patch || { echo "gpu_ab.sh: the patch failed"; exit 1; }
+    build_side b
+    rc=$?
+    apply_patch -R || echo "gpu_ab.sh: reverting the patch failed"
+    [[ $rc -eq 0 ]] || exit 1
+  fi
 fi
 
 : >"$out/ab.txt"
 for r in $(seq "$rounds"); do
-  for s in a b; do
+  i=0
+  for s in "${sides[@]}"; do
+    i=$((i + 1))
+    log=$out/run_${i}_$r.log  # by position: a side's name may hold any K=V
     # shellcheck disable=SC2086  # the K=V list splits into env's arguments
     env ${envs[$s]} MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_CASES="$cases" MOE_GEMM_BENCH_IMPLS="$impls" \
-      timeout 60 "${bin[$s]}" --gtest_filter="$filter" >"$out/run_$s$r.log" 2>&1
+      timeout 60 "${bin[$s]}" --gtest_filter="$filter" >"$log" 2>&1
     echo "round $r side $s: rc $?"
-    grep -E '^[a-z0-9_]+ +[a-z0-9_]+ +[0-9.]+ ' "$out/run_$s$r.log" | sed "s/^/$s $r /" \
+    grep -E '^[a-z0-9_]+ +[a-z0-9_]+ +[0-9.]+ ' "$log" | awk -v tag="$s $r" '{ print tag " " $0 }' \
       >>"$out/ab.txt"
-    grep -m3 -E 'Failure|FAILED' "$out/run_$s$r.log"
+    grep -m3 -E 'Failure|FAILED' "$log"
   done
 done
 rm -f "$out"/run_*.log

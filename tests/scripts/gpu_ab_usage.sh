@@ -28,4 +28,25 @@ sed '1s/$/ (changed)/' "$here/README.md" >"$tmp/b/README.md"
 expect 0 "round 1 side b: MOE_GEMM_BENCH=1 .*ab_b/moe_gpu_tests" --dry-run --rounds 1 \
   --patch "$tmp/good.patch"
 cmp -s "$here/README.md" "$tmp/a/README.md" || { echo "FAIL: --dry-run changed README.md"; fail=1; }
+# --kit: sides are a kit's names (a directory, or packed as gpu_kit.sh packs it) with settings.
+mkdir -p "$tmp/kit/var/zero" "$tmp/kit/var/bp" "$tmp/packed"
+touch "$tmp/kit/targets"
+cp -r "$tmp/kit" "$tmp/packed/gpu-kit"
+tar cJf "$tmp/kit.txz" -C "$tmp/packed" gpu-kit
+echo "no kit" >"$tmp/bad.txz"
+expect 2 "--kit: no kit at '/nonexistent'" --kit /nonexistent
+expect 2 "--kit: '$tmp/bad.txz' is not a packed kit" --kit "$tmp/bad.txz"
+expect 2 "--kit: '$tmp' is not a kit" --kit "$tmp"
+expect 2 "not --patch / --env-a / --env-b" --kit "$tmp/kit" --env-b A=1
+expect 2 "--sides needs --kit" --sides base,zero --env-b A=1
+expect 2 "--sides: no 'nope' in the kit \\(base,bp,zero\\)" --kit "$tmp/kit.txz" --sides base,nope
+expect 2 "--sides: expected NAME:K=V, got 'bp:FAST'" --kit "$tmp/kit" --sides base,bp:FAST
+expect 2 "--sides: 'bp' twice" --kit "$tmp/kit" --sides bp,base,bp
+expect 2 "--sides: at least two, got 'base'" --kit "$tmp/kit" --sides base
+expect 0 "round 1 side bp:MOE_SM90_WGRAD_BPANEL=off:B=2: MOE_SM90_WGRAD_BPANEL=off B=2 MOE_GEMM_BENCH=1 .*gpu-kit/bin/bp/moe_gpu_tests" \
+  --kit "$tmp/kit.txz" --dry-run --rounds 1 --sides base,bp,bp:MOE_SM90_WGRAD_BPANEL=off:B=2
+# Without --sides: base and every variant, in that order.
+expect 0 "round 2 side zero: MOE_GEMM_BENCH=1 .*gpu-kit/bin/zero/moe_gpu_tests" --kit "$tmp/kit" \
+  --dry-run --rounds 2
+expect 0 "linked there: base bp zero" --kit "$tmp/kit.txz" --dry-run --rounds 1
 exit $fail
