@@ -1424,8 +1424,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                               : pipe.smem + kStageOutAt + (threadIdx.x / 32 - 4) * kStageOutBytes;
     // A tile's first product writes acc (wgmma_m64n256k16's add = 0) rather than adding to
     // zeros: no 128 moves a tile at the tile boundary, where both warpgroups' products have
-    // drained and the tensor pipe waits for the next ones. Zeroed once, so acc is never read
-    // undefined (an inactive warpgroup's tile issues nothing).
+    // drained and the tensor pipe waits for the next ones. No product of the tile before is in
+    // flight then (consume_stages waits for all of a tile's before it returns; add = 0 on every
+    // block, with the block before still in flight, stopped the kernel with an illegal
+    // instruction: mutant 111). Zeroed once, so acc is never read undefined (an inactive
+    // warpgroup's tile issues nothing).
     float acc[128];
 #pragma unroll
     for (int q = 0; q < 128; ++q) acc[q] = 0.0f;
@@ -1595,11 +1598,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // rows [i0 + 64 cw, i0 + 64 cw + 64) of c[g]
     uint8_t* stage_out = smem + kShape.out_at() + cw * kOutBoxes * kOutBox;
-    // A tile's first product writes acc (wgmma_m64n256k16's add = 0) rather than adding to
-    // zeros: no 128 moves a tile at the tile boundary, where both warpgroups' products have
-    // drained and the tensor pipe waits for the next ones. Zeroed once, so acc is never read
-    // undefined (an inactive warpgroup's tile issues nothing).
-    float acc[128];
+    float acc[128];  // as grouped_cols_kernel's: a tile's first product writes it
 #pragma unroll
     for (int q = 0; q < 128; ++q) acc[q] = 0.0f;
     uint32_t packed[64];        // the previous tile's block (grouped_cols_kernel's kDefer)
