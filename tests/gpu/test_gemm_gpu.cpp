@@ -2372,6 +2372,47 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
                       {"dense_fwd_bwd_tflops", tflops(fb_flops, dense_fb)},
                       {"fwd_with_readback_ms", fwd_read},
                       {"verified", bad.empty()}});
+      // MOE_GEMM_BENCH_SUSTAIN=s: each product back to back for s seconds, with wall-clock
+      // times, so that a clock and power log (nvidia-smi) lines up with them (the joint
+      // yardstick's MOE_JOINT_PROBE_SECONDS, for our kernels).
+      if (const char* sus = std::getenv("MOE_GEMM_BENCH_SUSTAIN")) {
+        const double secs = std::atof(sus);
+        const auto epoch_ms = [](auto t) {
+          return static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count());
+        };
+        for (const gpu::GemmRole role :
+             {gpu::GemmRole::fwd, gpu::GemmRole::dgrad, gpu::GemmRole::wgrad}) {
+          const auto t0 = std::chrono::system_clock::now();
+          int launches = 0;
+          while (std::chrono::duration<double>(std::chrono::system_clock::now() - t0).count() <
+                 secs) {
+            for (int i = 0; i < 10; ++i, ++launches) {
+              if (role == gpu::GemmRole::fwd) {
+                gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+              } else if (role == gpu::GemmRole::dgrad) {
+                gpu::gemm_detail::grouped_product(role, plan, DType::bf16, ct.data(), w.data(),
+                                                  DType::bf16, grads.grad_x.data(), K, N, false,
+                                                  nullptr, o);
+              } else {
+                gpu::gemm_detail::grouped_product(role, plan, DType::bf16, x.data(), ct.data(),
+                                                  DType::bf16, grads.grad_w.data(), K, N, false,
+                                                  nullptr, o);
+              }
+            }
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          }
+          const auto t1 = std::chrono::system_clock::now();
+          std::printf("sustained %s %s %s: %lld..%lld ms since epoch, %d launches, %.3f ms each\n",
+                      b.name.c_str(), name,
+                      role == gpu::GemmRole::fwd     ? "fwd"
+                      : role == gpu::GemmRole::dgrad ? "dgrad"
+                                                     : "wgrad",
+                      epoch_ms(t0), epoch_ms(t1), launches,
+                      std::chrono::duration<double, std::milli>(t1 - t0).count() / launches);
+          std::fflush(stdout);
+        }
+      }
     }
     std::printf("%-18s groups: %s\n", b.name.c_str(), skew_summary(plan).c_str());
   }
