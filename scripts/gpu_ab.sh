@@ -137,9 +137,9 @@ if [[ -n $kit ]]; then
     [[ -f $kit/targets ]] || usage "--kit: '$kit' is not a kit (no targets file)"
     names=$(cd "$kit" && ls -d var/*/ 2>/dev/null | cut -d/ -f2)
   elif [[ -r $kit ]]; then
-    names=$(tar tJf "$kit" 2>/dev/null | sed -n 's|^gpu-kit/var/\([^/]*\)/$|\1|p' | sort -u) ||
+    listing=$(tar tJf "$kit" 2>/dev/null) && grep -qx gpu-kit/targets <<<"$listing" ||
       usage "--kit: '$kit' is not a packed kit"
-    tar tJf "$kit" gpu-kit/targets >/dev/null 2>&1 || usage "--kit: '$kit' is not a packed kit"
+    names=$(sed -n 's|^gpu-kit/var/\([^/]*\)/$|\1|p' <<<"$listing" | sort -u)
   else
     usage "--kit: no kit at '$kit'"
   fi
@@ -160,6 +160,7 @@ if [[ -n $kit ]]; then
     bin[$side]=$build/gpu-kit/bin/$name/moe_gpu_tests envs[$side]=${settings//:/ }
   done
   [[ ${#sides[@]} -ge 2 ]] || usage "--sides: at least two, got '$side_list'"
+  mapfile -t link_names < <(printf '%s\n' "${sides[@]%%:*}" | sort -u)  # what link.sh links
 elif [[ -n $side_list ]]; then
   usage "--sides needs --kit"
 elif [[ -n $patch_file ]]; then
@@ -181,7 +182,7 @@ fi
 filter='GemmBench.GroupedVsDense*'
 if [[ $dry -eq 1 ]]; then
   if [[ -n $kit ]]; then
-    echo "kit: $kit -> $build/gpu-kit (linked there: $(printf '%s\n' "${sides[@]%%:*}" | sort -u | xargs))"
+    echo "kit: $kit -> $build/gpu-kit (linked there: ${link_names[*]})"
   else
     echo "build: $build (moe_gpu_tests) -> $bin_a${patch_file:+; patch $patch_file -> $bin_b}"
   fi
@@ -220,7 +221,6 @@ if [[ -n $kit ]]; then
       { echo "gpu_ab.sh: unpacking $kit failed"; exit 2; }
   fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-  mapfile -t link_names < <(printf '%s\n' "${sides[@]%%:*}" | sort -u)
   bash "$build/gpu-kit/link.sh" "${link_names[@]}" >"$out/link.log" 2>&1 ||
     { tail -15 "$out/link.log"; exit 1; }
 else
