@@ -2313,28 +2313,32 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
       gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
       const auto bad = verify_gemm(plan, K, N, out, &grads.grad_x, &grads.grad_w);
       EXPECT_TRUE(bad.empty()) << b.name << " [" << name << "]\n" << joined(bad);
-      const double fwd = gpu::gemm_detail::median_ms(
-          [&] { gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o); }, kWarm, kReps);
+      // Each product alone, as timed here and sustained below.
+      const auto product = [&](gpu::GemmRole role) {
+        if (role == gpu::GemmRole::fwd) {
+          gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
+        } else if (role == gpu::GemmRole::dgrad) {
+          gpu::gemm_detail::grouped_product(role, plan, DType::bf16, ct.data(), w.data(),
+                                            DType::bf16, grads.grad_x.data(), K, N, false, nullptr,
+                                            o);
+        } else {
+          gpu::gemm_detail::grouped_product(role, plan, DType::bf16, x.data(), ct.data(),
+                                            DType::bf16, grads.grad_w.data(), K, N, false, nullptr,
+                                            o);
+        }
+      };
+      const double fwd =
+          gpu::gemm_detail::median_ms([&] { product(gpu::GemmRole::fwd); }, kWarm, kReps);
       const double fb = gpu::gemm_detail::median_ms(
           [&] {
             gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
             gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
           },
           kWarm, kReps);
-      const double dgrad = gpu::gemm_detail::median_ms(
-          [&] {
-            gpu::gemm_detail::grouped_product(gpu::GemmRole::dgrad, plan, DType::bf16, ct.data(),
-                                              w.data(), DType::bf16, grads.grad_x.data(), K, N,
-                                              false, nullptr, o);
-          },
-          kWarm, kReps);
-      const double wgrad = gpu::gemm_detail::median_ms(
-          [&] {
-            gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, plan, DType::bf16, x.data(),
-                                              ct.data(), DType::bf16, grads.grad_w.data(), K, N,
-                                              false, nullptr, o);
-          },
-          kWarm, kReps);
+      const double dgrad =
+          gpu::gemm_detail::median_ms([&] { product(gpu::GemmRole::dgrad); }, kWarm, kReps);
+      const double wgrad =
+          gpu::gemm_detail::median_ms([&] { product(gpu::GemmRole::wgrad); }, kWarm, kReps);
       // The same forward paying the group-size read-back (device-resident sizes, as in the block).
       const double fwd_read = gpu::gemm_detail::median_ms(
           [&] {
@@ -2374,41 +2378,33 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
                       {"verified", bad.empty()}});
       // MOE_GEMM_BENCH_SUSTAIN=s: each product back to back for s seconds, with wall-clock
       // times, so that a clock and power log (nvidia-smi) lines up with them (the joint
-      // yardstick's MOE_JOINT_PROBE_SECONDS, for our kernels).
+      // yardstick's MOE_JOINT_PROBE_SECONDS, for our kernels). MOE_GEMM_BENCH_SUSTAIN_ROLES=a,b:
+      // only those of fwd, dgrad and wgrad.
       if (const char* sus = std::getenv("MOE_GEMM_BENCH_SUSTAIN")) {
         const double secs = std::atof(sus);
         const auto epoch_ms = [](auto t) {
           return static_cast<long long>(
               std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count());
         };
+        const char* roles = std::getenv("MOE_GEMM_BENCH_SUSTAIN_ROLES");
+        const std::string role_list = roles ? std::string(",") + roles + "," : "";
         for (const gpu::GemmRole role :
              {gpu::GemmRole::fwd, gpu::GemmRole::dgrad, gpu::GemmRole::wgrad}) {
+          const char* role_name = role == gpu::GemmRole::fwd     ? "fwd"
+                                  : role == gpu::GemmRole::dgrad ? "dgrad"
+                                                                 : "wgrad";
+          if (roles && role_list.find(std::string(",") + role_name + ",") == std::string::npos)
+            continue;
           const auto t0 = std::chrono::system_clock::now();
           int launches = 0;
           while (std::chrono::duration<double>(std::chrono::system_clock::now() - t0).count() <
                  secs) {
-            for (int i = 0; i < 10; ++i, ++launches) {
-              if (role == gpu::GemmRole::fwd) {
-                gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
-              } else if (role == gpu::GemmRole::dgrad) {
-                gpu::gemm_detail::grouped_product(role, plan, DType::bf16, ct.data(), w.data(),
-                                                  DType::bf16, grads.grad_x.data(), K, N, false,
-                                                  nullptr, o);
-              } else {
-                gpu::gemm_detail::grouped_product(role, plan, DType::bf16, x.data(), ct.data(),
-                                                  DType::bf16, grads.grad_w.data(), K, N, false,
-                                                  nullptr, o);
-              }
-            }
+            for (int i = 0; i < 10; ++i, ++launches) product(role);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           }
           const auto t1 = std::chrono::system_clock::now();
           std::printf("sustained %s %s %s: %lld..%lld ms since epoch, %d launches, %.3f ms each\n",
-                      b.name.c_str(), name,
-                      role == gpu::GemmRole::fwd     ? "fwd"
-                      : role == gpu::GemmRole::dgrad ? "dgrad"
-                                                     : "wgrad",
-                      epoch_ms(t0), epoch_ms(t1), launches,
+                      b.name.c_str(), name, role_name, epoch_ms(t0), epoch_ms(t1), launches,
                       std::chrono::duration<double, std::milli>(t1 - t0).count() / launches);
           std::fflush(stdout);
         }
