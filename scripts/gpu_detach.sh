@@ -11,7 +11,9 @@
 #                         [--new] -- COMMAND [ARG...]   # the first call; a later one may repeat it
 #   scripts/gpu_detach.sh [--wait S] [--state DIR] [--out DIR] [--copy FILE]... [--tail N]
 #
-# Defaults: --wait 540, --state /tmp/moe-detach, --out $OUT (else STATE/out), --tail 30. The job
+# Defaults: --wait 540, --state /tmp/moe-detach, --out $OUT (else STATE/out), --tail 30. Where the
+# out dir then holds more than 8 files (the most a device call sends back;
+# MOE_DETACH_FILES_MAX), all but log.txt are packed into out.tgz there. The job
 # runs in the caller's directory. A state dir left by an earlier job (a machine lent again may
 # keep /tmp) would answer for it: --new clears an ended job's state first (and refuses while one
 # runs). Exit status: the job's when it has ended (0 included; the printed line tells a job's own
@@ -114,4 +116,18 @@ for f in "${copies[@]}"; do
     echo "gpu_detach: --copy '$f': no such file (yet)" >&2
   fi
 done
+# The device sends back at most 8 files of the out dir (docs: ../.library/device/README.md) and
+# drops the rest; a job that wrote more there (session 42 lost a call's timings that way) gets
+# them packed: every file but log.txt into out.tgz, the originals removed.
+files_max=${MOE_DETACH_FILES_MAX:-8}
+if [[ $(find "$out" -type f | wc -l) -gt $files_max ]]; then
+  if (cd "$out" && find . -type f ! -path ./log.txt ! -path ./out.tgz -print0 |
+    tar czf /tmp/gpu_detach_out.$$.tgz --null -T - --remove-files); then
+    mv /tmp/gpu_detach_out.$$.tgz "$out/out.tgz"
+    find "$out" -mindepth 1 -type d -empty -delete
+    echo "gpu_detach: over $files_max files in $out: packed all but log.txt into out.tgz"
+  else
+    echo "gpu_detach: packing $out into out.tgz failed" >&2
+  fi
+fi
 exit "$status"
