@@ -12,7 +12,7 @@
 #   scripts/gpu_detach.sh [--wait S] [--state DIR] [--out DIR] [--copy FILE]... [--tail N]
 #
 # Defaults: --wait 540, --state /tmp/moe-detach, --out $OUT (else STATE/out), --tail 30. Where the
-# out dir then holds more than 8 files (the most a device call sends back;
+# job has ended and the out dir holds more than 8 files (the most a device call sends back;
 # MOE_DETACH_FILES_MAX), all but log.txt are packed into out.tgz there. The job
 # runs in the caller's directory. A state dir left by an earlier job (a machine lent again may
 # keep /tmp) would answer for it: --new clears an ended job's state first (and refuses while one
@@ -117,10 +117,13 @@ for f in "${copies[@]}"; do
   fi
 done
 # The device sends back at most 8 files of the out dir (docs: ../.library/device/README.md) and
-# drops the rest; a job that wrote more there (session 42 lost a call's timings that way) gets
-# them packed: every file but log.txt into out.tgz, the originals removed.
+# drops the rest; an ended job that wrote more there (session 42 lost a call's timings that way)
+# gets them packed: every file but log.txt into out.tgz, the originals removed. A running job's
+# files are left alone (it may still write them), with a warning.
 files_max=${MOE_DETACH_FILES_MAX:-8}
-if [[ $(find "$out" -type f | wc -l) -gt $files_max ]]; then
+if [[ $(find "$out" -type f | wc -l) -gt $files_max && $status -eq 3 ]]; then
+  echo "gpu_detach: over $files_max files in $out while the job runs: not all will come back" >&2
+elif [[ $(find "$out" -type f | wc -l) -gt $files_max ]]; then
   if (cd "$out" && find . -type f ! -path ./log.txt ! -path ./out.tgz -print0 |
     tar czf /tmp/gpu_detach_out.$$.tgz --null -T - --remove-files); then
     mv /tmp/gpu_detach_out.$$.tgz "$out/out.tgz"

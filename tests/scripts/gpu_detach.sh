@@ -42,9 +42,13 @@ expect 2 "--new: the job under --state .* still runs" --state "$tmp/s3" --wait 0
 kill "$(cat "$tmp/s3/pid")"
 sleep 1
 expect 1 "died without an exit status" --state "$tmp/s3" --wait 5
-# A job that writes more files into the out dir than a device call sends back: packed.
-many=(bash -c 'mkdir -p "$0/sub" && for i in 1 2 3 4 5 6 7 8 9; do echo $i >"$0/f$i.txt"; done; echo x >"$0/sub/y"' "$tmp/out4")
-expect 0 "packed all but log.txt into out.tgz" --state "$tmp/s4" --wait 30 --out "$tmp/out4" -- "${many[@]}"
+# A job that writes more files into the out dir than a device call sends back: left alone while
+# it runs, packed once it has ended.
+many=(bash -c 'mkdir -p "$0/sub" && for i in 1 2 3 4 5 6 7 8 9; do echo $i >"$0/f$i.txt"; done
+  echo x >"$0/sub/y"; sleep 2' "$tmp/out4")
+expect 3 "not all will come back" --state "$tmp/s4" --wait 1 --out "$tmp/out4" -- "${many[@]}"
+[[ -f $tmp/out4/f9.txt ]] || { echo "FAIL: a running job's files were moved"; fail=1; }
+expect 0 "packed all but log.txt into out.tgz" --state "$tmp/s4" --wait 30 --out "$tmp/out4"
 got=$(cd "$tmp/out4" && find . -type f | sort | tr '\n' ' ')
 [[ $got == "./log.txt ./out.tgz " ]] || { echo "FAIL: the out dir holds '$got'"; fail=1; }
 n=$(tar tzf "$tmp/out4/out.tgz" | grep -c -v '/$')
