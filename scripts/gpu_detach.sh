@@ -121,9 +121,10 @@ done
 # gets them packed: every file but log.txt into out.tgz, the originals removed. A running job's
 # files are left alone (it may still write them), with a warning.
 files_max=${MOE_DETACH_FILES_MAX:-8}
-if [[ $(find "$out" -type f | wc -l) -gt $files_max && $status -eq 3 ]]; then
+files=$(find "$out" -type f | wc -l)
+if [[ $files -gt $files_max && $status -eq 3 ]]; then
   echo "gpu_detach: over $files_max files in $out while the job runs: not all will come back" >&2
-elif [[ $(find "$out" -type f | wc -l) -gt $files_max ]]; then
+elif [[ $files -gt $files_max ]]; then
   if (cd "$out" && find . -type f ! -path ./log.txt ! -path ./out.tgz -print0 |
     tar czf /tmp/gpu_detach_out.$$.tgz --null -T - --remove-files); then
     mv /tmp/gpu_detach_out.$$.tgz "$out/out.tgz"
