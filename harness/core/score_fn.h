@@ -155,19 +155,10 @@ MOE_HD float rcp_1to2_f32(float x) {
 #endif
 }
 
-// sigma(x) = 1 / (1 + t) for x >= 0 and t / (1 + t) for x < 0, with t = e^-|x| (which stays
-// accurate, and non-zero, where e^-x would overflow): one correctly rounded reciprocal, no
-// division. NaN gives an unspecified value (SPEC §0: non-finite inputs).
-MOE_HD float sigmoid_f32(float x) {
-  const float nax = x < 0.0f ? x : -x;  // -|x|
-  const float t = exp_core_f32(fmax_f32(nax, -104.0f));
-  const float inv = rcp_1to2_f32(1.0f + t);
-  return x >= 0.0f ? inv : t * inv;
-}
-
-// sigma(ax) and sigma(-ax) for ax >= 0 (not NaN) from sigmoid_f32's steps, sharing t = e^-ax and
-// the reciprocal: bitwise sigmoid_f32(ax) and sigmoid_f32(-ax). Fills a table of both signs of
-// every pattern at half the cost (gpu/router_row.cuh, variant 2's table without the upload).
+// sigma(ax) and sigma(-ax) for ax >= 0 (not NaN): 1 / (1 + t) and t / (1 + t) with t = e^-ax
+// (which stays accurate, and non-zero, where e^ax would overflow), sharing one correctly rounded
+// reciprocal, no division. Both signs of a pattern at the cost of one: sigmoid_f32 and the
+// router's bf16 table (gpu/router_row.cuh, variant 2's table without the upload).
 struct SigmoidPair {
   float pos, neg;
 };
@@ -175,6 +166,12 @@ MOE_HD SigmoidPair sigmoid_pair_f32(float ax) {
   const float t = exp_core_f32(fmax_f32(-ax, -104.0f));
   const float inv = rcp_1to2_f32(1.0f + t);
   return {inv, t * inv};
+}
+
+// sigma(x): the pair's sign of |x|. NaN gives an unspecified value (SPEC §0: non-finite inputs).
+MOE_HD float sigmoid_f32(float x) {
+  const SigmoidPair p = sigmoid_pair_f32(x < 0.0f ? -x : x);
+  return x >= 0.0f ? p.pos : p.neg;
 }
 
 // sp(x) = x if x > 20, else log1p(exp(x)) (SPEC §1.2).

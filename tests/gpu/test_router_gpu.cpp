@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -450,6 +451,17 @@ std::vector<Tensor> both_table_sources(const std::function<std::vector<Tensor>()
   return up;
 }
 
+// Fills `outs` with 0xFF bytes (so an element the kernel does not write cannot pass), runs `run`
+// and returns the outputs downloaded, in order.
+std::vector<Tensor> run_poisoned(std::initializer_list<gpu::DeviceTensor*> outs,
+                                 const std::function<void()>& run) {
+  for (gpu::DeviceTensor* o : outs) o->fill_bytes(0xFF);
+  run();
+  std::vector<Tensor> v;  // Tensor is move-only: no initializer list
+  for (gpu::DeviceTensor* o : outs) v.push_back(o->download());
+  return v;
+}
+
 // saved[i] must be bitwise score::sigmoid_f32 of pattern x[i]; at most 10 failures reported.
 void expect_saved_sigmoid(const Tensor& x, const Tensor& saved) {
   const uint16_t* xb = x.data<uint16_t>();
@@ -492,15 +504,8 @@ TEST(GpuRouterRegression, SigmoidScoreOfEveryBf16PatternIsExact) {
     const std::vector<Tensor> got = both_table_sources(
         [&] {
           gpu::TopkRouterFwd o = gpu::topk_router_fwd_outputs(dx.meta(), p);
-          o.probs.fill_bytes(0xFF);
-          o.routing_map.fill_bytes(0xFF);
-          o.saved_scores.fill_bytes(0xFF);
-          gpu::topk_router_fwd_into(dx, &db, p, o);
-          std::vector<Tensor> v;  // Tensor is move-only: no initializer list
-          v.push_back(o.probs.download());
-          v.push_back(o.routing_map.download());
-          v.push_back(o.saved_scores.download());
-          return v;
+          return run_poisoned({&o.probs, &o.routing_map, &o.saved_scores},
+                              [&] { gpu::topk_router_fwd_into(dx, &db, p, o); });
         },
         {"probs", "routing_map", "saved_scores"});
     expect_saved_sigmoid(x, got[2]);
@@ -529,15 +534,9 @@ TEST(GpuRouterRegression, AuxSigmoidScoresOfEveryBf16PatternAreExact) {
     const std::vector<Tensor> got = both_table_sources(
         [&] {
           gpu::AuxLossScoresFwd o = gpu::aux_loss_scores_fwd_outputs(dx.meta(), fmt);
-          o.scores.fill_bytes(0xFF);
-          o.routing_map.fill_bytes(0xFF);
-          o.saved_scores.fill_bytes(0xFF);
-          gpu::aux_loss_scores_fwd_into(dx, K, ScoreFunction::sigmoid, fmt, o);
-          std::vector<Tensor> v;
-          v.push_back(o.scores.download());
-          v.push_back(o.routing_map.download());
-          v.push_back(o.saved_scores.download());
-          return v;
+          return run_poisoned({&o.scores, &o.routing_map, &o.saved_scores}, [&] {
+            gpu::aux_loss_scores_fwd_into(dx, K, ScoreFunction::sigmoid, fmt, o);
+          });
         },
         {"scores", "routing_map", "saved_scores"});
     expect_saved_sigmoid(x, got[2]);
