@@ -8,8 +8,9 @@ yardstick runs, any prefix before `sustained` kept as the run's tag (a side's na
 `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader,nounits -lms 50`
 logged on the same machine over those runs (its local-time stamps and the runs' epoch
 milliseconds agree there). For each run: ms a launch, and the median SM clock and power of the
-samples inside its window less its first --skip-ms (the clock's ramp), with their count.
-Session 41 did this by hand.
+samples inside its window less its first --skip-ms (the clock's ramp), with their count. A run
+with no sample in its window (a log from another machine or time zone, or stopped early) is
+named on stderr and the exit status is 1. Session 41 did this by hand.
 """
 import argparse
 import datetime
@@ -49,6 +50,7 @@ def main():
     if not samples:
         sys.exit(f"sustained_windows: no samples in {args.smi}")
     print(f"{'run':<52} {'ms each':>8} {'SM MHz':>7} {'W':>6} {'n':>4}")
+    uncovered = 0
     with open(args.runs) as f:
         for line in f:
             m = RUN.match(line.strip())
@@ -62,9 +64,14 @@ def main():
             inside = [s for s in samples if t0 + args.skip_ms <= s[0] <= t1]
             clock = statistics.median(s[1] for s in inside) if inside else float("nan")
             power = statistics.median(s[2] for s in inside) if inside else float("nan")
-            print(f"{(m['tag'] + ' ' + what).strip():<52} {(t1 - t0) / n:8.3f} {clock:7.0f} "
-                  f"{power:6.1f} {len(inside):4d}")
+            name = (m["tag"] + " " + what).strip()
+            print(f"{name:<52} {(t1 - t0) / n:8.3f} {clock:7.0f} {power:6.1f} {len(inside):4d}")
+            if not inside:
+                uncovered += 1
+                print(f"sustained_windows: no sample of {args.smi} inside run '{name}' "
+                      f"({t0}..{t1} ms since epoch)", file=sys.stderr)
+    return 1 if uncovered else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
