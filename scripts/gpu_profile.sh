@@ -41,6 +41,16 @@
 #   gemm_sm90_ds_dgrad  grouped_gemm    deepseek_uniform  fwd+bwd sm90 grouped_rows_kernel with K-major
 #                       weights (dgrad: the forward's bytes and FLOPs, 28 column tiles of 32
 #                       k-blocks instead of 8 of 112)
+# GemmBench targets (`gemmbench` in the op column): the test binary's full-size GemmBench
+# (DIR/moe_gpu_tests, MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_IMPLS=auto MOE_GEMM_BENCH_CASES=case, ~55
+# GB of GPU memory), whose shapes `bench` lacks. The regex picks the role's kernel; GemmBench
+# calls each role once at full size to verify it, then times it, so every matching launch is
+# full size. The layout pair (session 43: same shapes, same kernel, weight MN- or K-major):
+#   gb_down_fwd         gemmbench       deepseek_down     fwd   grouped_rows_kernel, MN-major
+#                       weight (65536 x 7168 out, K = 2048: uniform dgrad's shape)
+#   gb_uniform_dgrad    gemmbench       deepseek_uniform  dgrad grouped_rows_kernel, K-major
+#   gb_uniform_fwd      gemmbench       deepseek_uniform  fwd   MN-major (65536 x 2048, K = 7168)
+#   gb_down_dgrad       gemmbench       deepseek_down     dgrad K-major (uniform fwd's shape)
 #
 # What is profiled: `moe-harness bench --op OP --case NAME --samples 20` under
 #   ncu --target-processes all --kernel-name-base demangled --kernel-name regex:RE
@@ -104,6 +114,10 @@ targets=(
   "gemm_sm90_even_fwd;grouped_gemm;deepseek_even;fwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel;1"
   "gemm_sm90_ds_wgrad;grouped_gemm;deepseek_uniform;fwd+bwd;;grouped_cols_(panel_)?kernel;1"
   "gemm_sm90_ds_dgrad;grouped_gemm;deepseek_uniform;fwd+bwd;MOE_GEMM_IMPL=sm90;grouped_rows_kernel<[^,]+, .bool.1,;1"
+  "gb_down_fwd;gemmbench;deepseek_down;fwd;;grouped_rows_kernel<[^,]+, .bool.0,;1"
+  "gb_uniform_dgrad;gemmbench;deepseek_uniform;dgrad;;grouped_rows_kernel<[^,]+, .bool.1,;1"
+  "gb_uniform_fwd;gemmbench;deepseek_uniform;fwd;;grouped_rows_kernel<[^,]+, .bool.0,;1"
+  "gb_down_dgrad;gemmbench;deepseek_down;dgrad;;grouped_rows_kernel<[^,]+, .bool.1,;1"
 )
 target_names=()
 for t in "${targets[@]}"; do target_names+=("${t%%;*}"); done
@@ -188,6 +202,7 @@ fi
 if [[ -d /usr/local/cuda/bin ]]; then PATH=/usr/local/cuda/bin:$PATH; fi
 ncu=${NCU:-ncu}
 bin=$build/moe-harness
+tests_bin=$build/moe_gpu_tests
 
 # The ncu command line of one target (into the array `cmd`); with_metrics=0 leaves --metrics out.
 make_cmd() {  # target spec, directory, with_metrics
@@ -206,8 +221,13 @@ make_cmd() {  # target spec, directory, with_metrics
   fi
   if [[ $source -eq 1 && $full -eq 0 ]]; then cmd+=(--section SourceCounters); fi
   if [[ $3 -eq 1 ]]; then cmd+=(--metrics "$metrics"); fi
-  cmd+=("${ncu_extra[@]}" --force-overwrite -o "$2/$name"
-        "$bin" bench --op "$op" --case "$bcase" --samples 20)
+  cmd+=("${ncu_extra[@]}" --force-overwrite -o "$2/$name")
+  if [[ $op == gemmbench ]]; then
+    cmd=(env MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_IMPLS=auto "MOE_GEMM_BENCH_CASES=$bcase" "${cmd[@]:1}"
+         "$tests_bin" --gtest_filter=GemmBench.GroupedVsDenseCublasAtEqualFlops)
+  else
+    cmd+=("$bin" bench --op "$op" --case "$bcase" --samples 20)
+  fi
 }
 
 if [[ $dry -eq 1 ]]; then
@@ -229,8 +249,13 @@ elif [[ ! -e /dev/nvidia0 ]]; then
   die "no GPU (no nvidia-smi, no /dev/nvidia0): cannot profile here" 77
 fi
 command -v python3 >/dev/null 2>&1 || die "python3 not found (the summary needs it)" 77
-[[ -x $bin ]] ||
-  die "--build $build: no executable $bin (build it first: MOE_BUILD_DIR=$build scripts/build.sh)"
+for t in "${selected[@]}"; do
+  IFS=';' read -r _ op _ <<<"$t"
+  need=$bin
+  if [[ $op == gemmbench ]]; then need=$tests_bin; fi
+  [[ -x $need ]] ||
+    die "--build $build: no executable $need (build it first: MOE_BUILD_DIR=$build scripts/build.sh)"
+done
 mkdir -p "$out" || die "--out $out: cannot create the directory"
 
 echo "gpu_profile.sh: $(nvidia-smi -L 2>/dev/null | head -n 1); $("$ncu" --version 2>/dev/null |
@@ -295,7 +320,7 @@ https://developer.nvidia.com/ERR_NVGPUCTRPERM); log: $log" 3
     why="${why:+$why; }no report written (ncu exit $rc)"
   fi
   # bench's own complaints: a case it does not know, a verification or benchmark failure.
-  bench_msg=$(grep -m 1 -E '^(VERIFY FAIL|BENCH ERROR|BENCH FAULT|bench: |--case: |--op: )' "$log")
+  bench_msg=$(grep -m 1 -E '^(VERIFY FAIL|BENCH ERROR|BENCH FAULT|bench: |--case: |--op: |.*: Failure$)' "$log")
   if [[ -s $tdir/raw.csv ]] &&
     python3 "$summary_py" --csv "$tdir/summary.csv" --txt "$tdir/summary.txt" \
       "$name=$tdir/raw.csv" >/dev/null 2>"$tdir/summary.err"; then
