@@ -15,8 +15,9 @@
 #   scripts/gpu_profile.sh --set router_ds_fwd --set gemm_sm90_ds_fwd --keep-rep
 #
 # Targets (--set NAME, repeatable, comma lists and several names after one --set allowed;
-# default and `all`: every one). Case names are `moe-harness bench` cases (the ops' bench_cases in
-# harness/ops; `moe-harness bench --op OP --case NAME` rejects an unknown one):
+# default and `all`: every one but the GemmBench targets below). Case names are `moe-harness
+# bench` cases (the ops' bench_cases in harness/ops; `moe-harness bench --op OP --case NAME`
+# rejects an unknown one):
 #   router_ds_fwd       topk_router     deepseek_v3       fwd  rowk::fwd_kernel / fwd8_kernel
 #   router_mixtral_fwd  topk_router     mixtral           fwd  rowk::fwd_kernel / fwd8_kernel
 #   aux_mixtral_fwd     aux_loss_scores mixtral           fwd  rowk::fwd_kernel / fwd8_kernel
@@ -45,14 +46,16 @@
 # (DIR/moe_gpu_tests, MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_IMPLS=auto MOE_GEMM_BENCH_CASES=case, ~55
 # GB of GPU memory), whose shapes `bench` lacks. The regex picks the role's kernel; GemmBench
 # calls each role once at full size to verify it, then times it, so every matching launch is
-# full size. The layout pair (session 43: same shapes, same kernel, weight MN- or K-major):
+# full size. Not in `all` (nor the default): name them. The layout pair (session 43: same shapes,
+# same kernel, weight MN- or K-major):
 #   gb_down_fwd         gemmbench       deepseek_down     fwd   grouped_rows_kernel, MN-major
 #                       weight (65536 x 7168 out, K = 2048: uniform dgrad's shape)
 #   gb_uniform_dgrad    gemmbench       deepseek_uniform  dgrad grouped_rows_kernel, K-major
 #   gb_uniform_fwd      gemmbench       deepseek_uniform  fwd   MN-major (65536 x 2048, K = 7168)
 #   gb_down_dgrad       gemmbench       deepseek_down     dgrad K-major (uniform fwd's shape)
 #
-# What is profiled: `moe-harness bench --op OP --case NAME --samples 20` under
+# What is profiled: `moe-harness bench --op OP --case NAME --samples 20` (GemmBench targets: the
+# test binary as above) under
 #   ncu --target-processes all --kernel-name-base demangled --kernel-name regex:RE
 #       --launch-skip SKIP --launch-count N*K --kill yes --section ... --metrics ...
 # The regex selects the direction's kernels by their demangled names; bench first verifies the
@@ -88,7 +91,8 @@
 # set of 7 targets in 38 s on an H200, 4-7 s a target (the per-target times are printed).
 #
 # Exit status: 0 every target profiled; 1 a target failed (bench error, no kernel matched,
-# timeout); 2 bad usage (the bad argument is named) or no DIR/moe-harness; 3 ncu has no
+# timeout); 2 bad usage (the bad argument is named) or no DIR/moe-harness (DIR/moe_gpu_tests for a
+# GemmBench target); 3 ncu has no
 # permission for the GPU's performance counters (ERR_NVGPUCTRPERM); 77 no GPU, no ncu or no
 # python3.
 set -uo pipefail
@@ -186,7 +190,8 @@ done
 for t in "${targets[@]}"; do
   name=${t%%;*}
   for n in "${chosen[@]}"; do
-    if [[ $n == all || $n == "$name" ]]; then selected+=("$t"); break; fi
+    # `all` (and the default) leaves the GemmBench targets out: they need the test binary.
+    if [[ ($n == all && $t != *";gemmbench;"*) || $n == "$name" ]]; then selected+=("$t"); break; fi
   done
 done
 
