@@ -2259,6 +2259,24 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
     GTEST_SKIP() << "full-size benchmark: set MOE_GEMM_BENCH=1 (needs ~55 GB of GPU memory)";
   }
   const int kWarm = 2, kReps = 10;
+  // MOE_GEMM_BENCH_REST_MS=ms: the device idles that long before each timed product, so every
+  // burst starts from an idle device's clock, not from the one the run before left (docs/perf.md,
+  // session 44: dgrad timed right after fwd+bwd read 7-13% over its own isolated launch).
+  int rest_ms = 0;
+  if (const char* e = std::getenv("MOE_GEMM_BENCH_REST_MS"); e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    ASSERT_TRUE(*end == '\0' && v >= 0 && v <= 10000)
+        << "MOE_GEMM_BENCH_REST_MS: expected milliseconds in [0, 10000], got '" << e << "'";
+    rest_ms = static_cast<int>(v);
+  }
+  const auto median_ms = [rest_ms](auto&& f, int warm, int reps) {
+    if (rest_ms > 0) {
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::this_thread::sleep_for(std::chrono::milliseconds(rest_ms));
+    }
+    return gpu::gemm_detail::median_ms(f, warm, reps);
+  };
   nlohmann::json rows = nlohmann::json::array();
   std::printf("device: %s\n", gpu_description().c_str());
   std::printf("%-18s %-9s %8s %7s %7s %5s %7s | %8s %8s | %8s %7s %7s %5s | %8s\n", "case", "impl",
@@ -2278,22 +2296,22 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
 
     // Dense baseline of equal FLOPs: one [R,K] x [K,N] product and its two gradients.
     gpu::DeviceTensor w2 = filled({K, N}, kSeedW), dw2(DType::bf16, {K, N});
-    const double dense_fwd = gpu::gemm_detail::median_ms(
-        [&] { gpu::dense_gemm(gpu::GemmRole::fwd, x, w2, out); }, kWarm, kReps);
-    const double dense_fb = gpu::gemm_detail::median_ms(
+    const double dense_fwd =
+        median_ms([&] { gpu::dense_gemm(gpu::GemmRole::fwd, x, w2, out); }, kWarm, kReps);
+    const double dense_fb = median_ms(
         [&] {
           gpu::dense_gemm(gpu::GemmRole::fwd, x, w2, out);
           gpu::dense_gemm(gpu::GemmRole::dgrad, ct, w2, grads.grad_x);
           gpu::dense_gemm(gpu::GemmRole::wgrad, x, ct, dw2);
         },
         kWarm, kReps);
-    const double dense_dgrad = gpu::gemm_detail::median_ms(
+    const double dense_dgrad = median_ms(
         [&] { gpu::dense_gemm(gpu::GemmRole::dgrad, ct, w2, grads.grad_x); }, kWarm, kReps);
-    const double dense_wgrad = gpu::gemm_detail::median_ms(
-        [&] { gpu::dense_gemm(gpu::GemmRole::wgrad, x, ct, dw2); }, kWarm, kReps);
+    const double dense_wgrad =
+        median_ms([&] { gpu::dense_gemm(gpu::GemmRole::wgrad, x, ct, dw2); }, kWarm, kReps);
     // Device copy bandwidth (read + write of w's bytes): the memory roof of the grouped products,
     // which read every expert's weight once (fwd, dgrad) or write its gradient once (wgrad).
-    const double copy_ms = gpu::gemm_detail::median_ms(
+    const double copy_ms = median_ms(
         [&] { gpu::gemm_detail::copy_device(grads.grad_w.data(), w.data(), w.nbytes()); }, 1, 5);
     const double copy_gbps = 2.0 * static_cast<double>(w.nbytes()) / (copy_ms * 1e-3) / 1e9;
     // Bytes a grouped forward must move at least: x, every weight, out.
@@ -2327,20 +2345,17 @@ TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
                                             o);
         }
       };
-      const double fwd =
-          gpu::gemm_detail::median_ms([&] { product(gpu::GemmRole::fwd); }, kWarm, kReps);
-      const double fb = gpu::gemm_detail::median_ms(
+      const double fwd = median_ms([&] { product(gpu::GemmRole::fwd); }, kWarm, kReps);
+      const double fb = median_ms(
           [&] {
             gpu::grouped_gemm_fwd_into(x, w, plan, nullptr, out, nullptr, o);
             gpu::grouped_gemm_bwd_into(ct, x, w, plan, nullptr, grads, nullptr, o);
           },
           kWarm, kReps);
-      const double dgrad =
-          gpu::gemm_detail::median_ms([&] { product(gpu::GemmRole::dgrad); }, kWarm, kReps);
-      const double wgrad =
-          gpu::gemm_detail::median_ms([&] { product(gpu::GemmRole::wgrad); }, kWarm, kReps);
+      const double dgrad = median_ms([&] { product(gpu::GemmRole::dgrad); }, kWarm, kReps);
+      const double wgrad = median_ms([&] { product(gpu::GemmRole::wgrad); }, kWarm, kReps);
       // The same forward paying the group-size read-back (device-resident sizes, as in the block).
-      const double fwd_read = gpu::gemm_detail::median_ms(
+      const double fwd_read = median_ms(
           [&] {
             const gpu::GroupPlan p = gpu::read_group_plan(gs, R);
             gpu::grouped_gemm_fwd_into(x, w, p, nullptr, out, nullptr, o);
