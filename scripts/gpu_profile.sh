@@ -214,6 +214,9 @@ make_cmd() {  # target spec, directory, with_metrics
   local name op bcase dir envs re k
   IFS=';' read -r name op bcase dir envs re k <<<"$1"
   cmd=(env)
+  if [[ $op == gemmbench ]]; then
+    cmd+=(MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_IMPLS=auto "MOE_GEMM_BENCH_CASES=$bcase")
+  fi
   if [[ -n $envs ]]; then cmd+=("$envs"); fi
   cmd+=(timeout -k 15 "$timeout_s" "$ncu" --target-processes all
         --kernel-name-base demangled --kernel-name "regex:$re"
@@ -228,8 +231,7 @@ make_cmd() {  # target spec, directory, with_metrics
   if [[ $3 -eq 1 ]]; then cmd+=(--metrics "$metrics"); fi
   cmd+=("${ncu_extra[@]}" --force-overwrite -o "$2/$name")
   if [[ $op == gemmbench ]]; then
-    cmd=(env MOE_GEMM_BENCH=1 MOE_GEMM_BENCH_IMPLS=auto "MOE_GEMM_BENCH_CASES=$bcase" "${cmd[@]:1}"
-         "$tests_bin" --gtest_filter=GemmBench.GroupedVsDenseCublasAtEqualFlops)
+    cmd+=("$tests_bin" --gtest_filter=GemmBench.GroupedVsDenseCublasAtEqualFlops)
   else
     cmd+=("$bin" bench --op "$op" --case "$bcase" --samples 20)
   fi
