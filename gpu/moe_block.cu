@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "gpu/argsort.cuh"
 #include "gpu/aux_loss.cuh"
@@ -15,6 +17,7 @@
 #include "gpu/grouped_gemm.cuh"
 #include "gpu/moe_block.cuh"
 #include "gpu/swiglu_ffn.cuh"
+#include "gpu/timeline.cuh"
 #include "gpu/topk_router.cuh"
 
 namespace moe::gpu {
@@ -514,9 +517,15 @@ MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const Mo
   const int64_t H = k.s.H, E = k.E, NS = k.P * k.D;
   const int64_t NL = static_cast<int64_t>(local.size());
   const DType router_dtype = p.router_logits_dtype == RouterLogitsDtype::float32 ? DType::f32 : k.d;
-  const DeviceTensor gk = cast(in.gate_kernel, k.d, s);
+  const DeviceTensor gk = [&] {
+    const TimelineStage stage("gate");
+    return cast(in.gate_kernel, k.d, s);
+  }();
   std::optional<DeviceTensor> eb;
-  if (in.expert_bias) eb = cast(*in.expert_bias, DType::f32, s);
+  if (in.expert_bias) {
+    const TimelineStage stage("router");
+    eb = cast(*in.expert_bias, DType::f32, s);
+  }
   const GroupPlan plan = one_group(k.Ts);
 
   MoeBlockFwd out;
@@ -529,20 +538,27 @@ MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const Mo
     st.dp_rank = local[i] / k.P;
     st.first_token = local[i] * k.Ts;
     st.tokens = k.Ts;
-    st.x2d = take_rows(in.x, H, st.first_token, k.Ts, k.d, s);
-    DeviceTensor logits(k.d, {k.Ts, E});
-    poison_if(logits, o, s);
-    if (k.Ts > 0) {
-      // logits = rnd_d(x @ rnd_d(gate_kernel)), fp32 accumulation.
-      gemm_detail::grouped_product(GemmRole::fwd, plan, k.d, st.x2d.data(), gk.data(), k.d,
-                                   logits.data(), H, E, false, s, GemmImpl::loop);
+    {
+      const TimelineStage stage("gate");
+      st.x2d = take_rows(in.x, H, st.first_token, k.Ts, k.d, s);
+      DeviceTensor logits(k.d, {k.Ts, E});
+      poison_if(logits, o, s);
+      if (k.Ts > 0) {
+        // logits = rnd_d(x @ rnd_d(gate_kernel)), fp32 accumulation.
+        gemm_detail::grouped_product(GemmRole::fwd, plan, k.d, st.x2d.data(), gk.data(), k.d,
+                                     logits.data(), H, E, false, s, GemmImpl::loop);
+      }
+      st.logits = router_dtype == k.d ? std::move(logits) : cast(logits, router_dtype, s);
     }
-    st.logits = router_dtype == k.d ? std::move(logits) : cast(logits, router_dtype, s);
-    TopkRouterFwd rf = topk_router_fwd(st.logits, eb ? &*eb : nullptr, rp, s);
-    st.routing_map = std::move(rf.routing_map);
-    st.saved_scores = std::move(rf.saved_scores);
-    st.sparse_probs =
-        rf.probs.dtype() == p.probs_dtype ? std::move(rf.probs) : cast(rf.probs, p.probs_dtype, s);
+    {
+      const TimelineStage stage("router");
+      TopkRouterFwd rf = topk_router_fwd(st.logits, eb ? &*eb : nullptr, rp, s);
+      st.routing_map = std::move(rf.routing_map);
+      st.saved_scores = std::move(rf.saved_scores);
+      st.sparse_probs = rf.probs.dtype() == p.probs_dtype ? std::move(rf.probs)
+                                                          : cast(rf.probs, p.probs_dtype, s);
+    }
+    const TimelineStage stage("dispatch");
     if (p.backend == MoeBackend::kernel) {
       TokenDispatchParams dp;
       dp.num_out_tokens = k.Ts * k.K;
@@ -573,6 +589,7 @@ MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const Mo
   // Step 3: the aux loss over the global token set (every EP and DP shard). Under one process per
   // rank every rank gathers the f32 logits and computes the same global loss.
   if (p.aux_loss()) {
+    const TimelineStage stage("aux");
     DeviceTensor global(DType::f32, {k.T, E});
     poison_if(global, o, s);
     std::vector<DeviceTensor> l32;
@@ -599,7 +616,10 @@ MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const Mo
   }
 
   // Steps 5-7 per data-parallel group of P EP ranks, through the communicator.
-  const auto weights = local_weights(in, local, k, s);
+  const auto weights = [&] {
+    const TimelineStage stage("experts");
+    return local_weights(in, local, k, s);
+  }();
   for (int64_t dp = 0; dp < k.D; ++dp) {
     std::vector<MoeShardState*> group;
     std::vector<DeviceTensor> group_buffers;
@@ -610,10 +630,12 @@ MoeBlockFwd moe_block_fwd(Communicator& comm, const MoeBlockInputs& in, const Mo
       group_buffers.push_back(std::move(buffers[i]));
       w.push_back(weights[out.shards[i].ep_rank].get());
     }
+    const TimelineStage stage("experts");
     if (!group.empty()) moe_block_experts_fwd(comm, group, group_buffers, w, p, k.s, s, o);
   }
 
   // Step 8: the combine per shard; y and the diagnostics gathered over every shard.
+  const TimelineStage stage("combine");
   out.y = DeviceTensor(k.d, in.x.shape());
   out.routing_map = DeviceTensor(DType::boolean, {k.T, E});
   out.probs = DeviceTensor(p.probs_dtype, {k.T, E});
@@ -668,6 +690,7 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   // Aux-loss backward over the global token set (§11.3 step 7); every process holds it whole.
   std::optional<DeviceTensor> d_logits_aux;
   if (p.aux_loss()) {
+    const TimelineStage stage("aux");
     if (!fwd.aux_const_buf) throw std::invalid_argument("fwd: no aux-loss state saved");
     DeviceTensor g(DType::f32, {});
     zero(g, s);
@@ -682,6 +705,7 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   // Step 1: combine backward per local shard.
   std::vector<DeviceTensor> d_eo_post(NL), d_sparse(NL);
   for (int64_t i = 0; i < NL; ++i) {
+    const TimelineStage stage("combine");
     const MoeShardState& st = fwd.shards[i];
     const DeviceTensor ct = take_rows(grad_y, H, st.first_token, st.tokens, k.d, s);
     if (p.backend == MoeBackend::kernel) {
@@ -699,7 +723,10 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   }
 
   // Steps 2-4 per data-parallel group; FFN weight gradients summed over the DP shards in dp order.
-  const auto weights = local_weights(in, local, k, s);
+  const auto weights = [&] {
+    const TimelineStage stage("experts");
+    return local_weights(in, local, k, s);
+  }();
   const bool all_here = NL == NS;
   const bool direct = k.P == 1 && k.D == 1;  // gradients need no reduction (maybe a cast)
   const DeviceTensor* params[6] = {&in.wi_0,     &in.wi_1,     &in.wo,
@@ -720,6 +747,7 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
       at.push_back(i);
     }
     if (group.empty()) continue;
+    const TimelineStage stage("experts");
     std::vector<ExpertGrads> g = moe_block_experts_bwd(comm, group, ct, w, p, k.s, s, o);
     for (size_t gi = 0; gi < g.size(); ++gi) {
       const int64_t r = group[gi]->ep_rank;
@@ -759,12 +787,16 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
   MoeBlockGrads out;
   out.x = DeviceTensor(in.x.dtype(), in.x.shape());
   poison_if(out.x, o, s);
-  const DeviceTensor gk_d = cast(in.gate_kernel, k.d, s);  // rnd_d(gate_kernel)
+  const DeviceTensor gk_d = [&] {
+    const TimelineStage stage("gate");
+    return cast(in.gate_kernel, k.d, s);  // rnd_d(gate_kernel)
+  }();
   DeviceTensor parts(DType::f32, {NS, H, E});
   std::vector<DeviceTensor> mine_gk, mine_x;
   std::vector<const void*> gk_blocks, x_blocks;
   for (int64_t i = 0; i < NL; ++i) {
     const MoeShardState& st = fwd.shards[i];
+    std::optional<TimelineStage> stage(std::in_place, "dispatch");
     DeviceTensor d_x_dispatch =
         p.backend == MoeBackend::kernel
             ? std::move(token_dispatch_bwd(d_buffer[i], nullptr, st.row_id_map,
@@ -772,6 +804,8 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
                             .grad_x)
             : argsort_token_dispatch_bwd(d_buffer[i], st.sorted_indices, st.perm, s, o);
     d_buffer[i] = DeviceTensor();
+    stage.reset();
+    stage.emplace("router");
     // grad_probs = f32(d_sparse_probs); the router backward gives d_logits in f32.
     const DeviceTensor gp32 = cast(d_sparse[i], DType::f32, s);
     DeviceTensor d_logits = topk_router_bwd(gp32, st.routing_map, st.saved_scores, rp, s);
@@ -779,6 +813,8 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
       accumulate(d_logits, 0, take_rows(*d_logits_aux, st.first_token, st.tokens, DType::f32, s),
                  false, s);
     }
+    stage.reset();
+    stage.emplace("gate");
     mine_gk.emplace_back(DType::f32, Shape{H, E});
     mine_x.emplace_back(in.x.dtype(), Shape{k.Ts, H});
     zero(mine_gk.back(), s);
@@ -796,6 +832,7 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
     });
     MOE_CUDA_CHECK(cudaGetLastError());
   }
+  const TimelineStage stage("gather");
   gather_shards(comm, local, NS, x_blocks, k.Ts * H * dtype_size(in.x.dtype()), out.x.data(), s);
   gather_shards(comm, local, NS, gk_blocks, H * E * 4, parts.data(), s);
   DeviceTensor acc_gk(DType::f32, {H, E});

@@ -4,11 +4,14 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "gpu/device_util.cuh"
 #include "gpu/swiglu_ffn.cuh"
+#include "gpu/timeline.cuh"
 
 namespace moe::gpu {
 
@@ -224,6 +227,7 @@ void swiglu_expert_ffn_fwd_into(const DeviceTensor& x, const GroupPlan& plan, co
     gemm_detail::zero_tail_rows(plan, t->data(), sh.inter, es, s);
   }
   if (plan.used > 0 && sh.inter > 0) {
+    std::optional<TimelineStage> stage(std::in_place, "ffn.gate_up");
     // A biased projection goes through an fp32 accumulator so bias and rounding happen once, in
     // the activation kernel; an unbiased one is written in d by cuBLAS.
     const size_t acc_bytes = static_cast<size_t>(plan.used * sh.inter) * sizeof(float);
@@ -241,6 +245,8 @@ void swiglu_expert_ffn_fwd_into(const DeviceTensor& x, const GroupPlan& plan, co
       gemm_detail::grouped_product(GemmRole::fwd, plan, d, x.data(), w.wi_1.data(), t1, c1,
                                    sh.hidden, sh.inter, false, s, o);
     }
+    stage.reset();
+    stage.emplace("ffn.act");
     const DevicePlan dplan(plan, s);
     const bool silu = act == Activation::silu;
     const int64_t n = plan.used * sh.inter;
@@ -267,6 +273,7 @@ void swiglu_expert_ffn_fwd_into(const DeviceTensor& x, const GroupPlan& plan, co
   }
   GemmOptions inner = o;
   inner.poison = false;
+  const TimelineStage stage("ffn.down");
   grouped_gemm_fwd_into(out.intermediate, w.wo, plan, w.wo_bias, out.out, s, inner);
 }
 
@@ -274,7 +281,10 @@ SwigluFfnFwd swiglu_expert_ffn_fwd(const DeviceTensor& x, const DeviceTensor& gr
                                    const FfnWeights& w, Activation act, Stream s,
                                    const GemmOptions& o) {
   const FfnShape sh = validate(x, group_sizes.meta(), w);
-  const GroupPlan plan = read_group_plan(group_sizes, sh.rows, s);
+  const GroupPlan plan = [&] {
+    const TimelineStage stage("ffn.plan");  // group sizes to the host: a wait on the stream
+    return read_group_plan(group_sizes, sh.rows, s);
+  }();
   const DType d = x.dtype();
   SwigluFfnFwd out{DeviceTensor(d, {sh.rows, sh.hidden}), DeviceTensor(d, {sh.rows, sh.inter}),
                    DeviceTensor(d, {sh.rows, sh.inter}), DeviceTensor(d, {sh.rows, sh.inter})};
@@ -315,12 +325,18 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
     }
   }
   const size_t es = dtype_size(d);
-  const DevicePlan dplan(plan, s);
+  const DevicePlan dplan = [&] {  // the group offsets on the device (bias sums)
+    const TimelineStage stage("ffn.plan");
+    return DevicePlan(plan, s);
+  }();
 
   // Output projection: d_inter (stored in d between stages, SPEC §10.2), grad wo, grad bo.
+  std::optional<TimelineStage> stage(std::in_place, "ffn.down_dgrad");
   Scratch d_inter(static_cast<size_t>(plan.used * M) * es, s);
   gemm_detail::grouped_product(GemmRole::dgrad, plan, d, grad_out.data(), w.wo.data(), d,
                                d_inter.get(), M, H, false, s, o);
+  stage.reset();
+  stage.emplace("ffn.down_wgrad");
   gemm_detail::zero_empty_groups(plan, out.grad_wo.data(), M * H, es, s);
   gemm_detail::grouped_product(GemmRole::wgrad, plan, d, intermediate.data(), grad_out.data(), d,
                                out.grad_wo.data(), M, H, false, s, o);
@@ -330,6 +346,8 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
   }
 
   // Activation backward over the grouped rows; tail rows of the stage values are 0.
+  stage.reset();
+  stage.emplace("ffn.act");
   gemm_detail::zero_tail_rows(plan, out.d_gate.data(), M, es, s);
   gemm_detail::zero_tail_rows(plan, out.d_up.data(), M, es, s);
   const int64_t n = plan.used * M;
@@ -357,6 +375,8 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
   // grad x = rnd_d(d_gate wi_0^T + d_up wi_1^T): on the sm90 kernel both products sum in its
   // accumulators (one pass, rounded once); else they accumulate in one fp32 buffer, rounded in a
   // pass of its own.
+  stage.reset();
+  stage.emplace("ffn.grad_x");
   if (out.grad_x.numel() > 0 &&
       gemm_detail::grouped_product_sum(GemmRole::dgrad, plan, d, out.d_gate.data(), w.wi_0.data(),
                                        out.d_up.data(), w.wi_1.data(), d, out.grad_x.data(), H, M,
@@ -373,6 +393,8 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
   }
 
   // Input projections' weight and bias gradients.
+  stage.reset();
+  stage.emplace("ffn.wi_wgrad");
   gemm_detail::zero_empty_groups(plan, out.grad_wi_0.data(), H * M, es, s);
   gemm_detail::zero_empty_groups(plan, out.grad_wi_1.data(), H * M, es, s);
   // Both share x: one problem list (on `streams`, 16 products in flight instead of 8).
@@ -399,7 +421,10 @@ SwigluFfnBwd swiglu_expert_ffn_bwd(const DeviceTensor& grad_out, const DeviceTen
   const DType d = x.dtype();
   const int64_t R = sh.rows, H = sh.hidden, M = sh.inter, G = sh.groups;
   require_tensor(grad_out, d, {R, H}, "grad_out");
-  const GroupPlan plan = read_group_plan(group_sizes, R, s);
+  const GroupPlan plan = [&] {
+    const TimelineStage stage("ffn.plan");
+    return read_group_plan(group_sizes, R, s);
+  }();
   SwigluFfnBwd out{DeviceTensor(d, {R, H}),
                    DeviceTensor(d, {G, H, M}),
                    DeviceTensor(d, {G, H, M}),

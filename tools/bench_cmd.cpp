@@ -54,6 +54,12 @@
 // A case moe-gpu generates on the device is skipped for NAME (a note) when making its host inputs
 // would be prohibitive (kMaxHostBenchBytes).
 //
+// --timeline FILE: after each row is timed, one more call of it (its direction, the first buffer
+// set; an --impl row: one run) is recorded with CUPTI (gpu/timeline.cuh): the summary
+// (tools/timeline.h: span, busy and idle time, time per stage) is printed under the case's rows
+// and kept as the row's JSON "timeline"; every recorded call goes to FILE as a Chrome trace,
+// rewritten after every case. Without CUPTI the option is a usage error (exit 2, the reason).
+//
 // --json FILE writes the same fields per row (rewritten after every case; "complete": true at the
 // end; the device, and the build as "version" and "git"), with "impl" on every row; GEMM-like
 // and token-level rows have "roof_us" and "pct_roof" (null without a dense rate), "roof_bound"
@@ -83,7 +89,9 @@
 
 #ifdef MOE_WITH_CUDA
 #include "gpu/bench_util.cuh"
+#include "gpu/timeline.cuh"
 #include "harness/ops/bench_device.h"
+#include "tools/timeline.h"
 #endif
 
 namespace moe::tools {
@@ -164,6 +172,29 @@ struct Result {
   double roof_us = 0, pct_roof = 0;
   std::string roof_bound;                  // "flops" or "bytes" (an op without stages)
   std::vector<ops::StageRoofline> stages;  // an op with stages: each stage's roofline
+  // --timeline: one more call of the row's direction, recorded (gpu/timeline.cuh).
+  bool has_timeline = false;
+  TimelineSummary timeline;
+};
+
+// --timeline FILE: every recorded call as one process of a Chrome trace, rewritten after every
+// case like --json.
+struct TimelineSink {
+  std::string path;
+  nlohmann::json events = nlohmann::json::array();
+  int next_pid = 1;
+  bool enabled() const { return !path.empty(); }
+  bool write(const std::string& device) const {
+    if (path.empty()) return true;
+    std::ofstream f(path);
+    if (!f) return false;
+    f << nlohmann::json({{"traceEvents", events},
+                         {"displayTimeUnit", "ms"},
+                         {"otherData", {{"device", device}, {"git", MOE_GIT_REV}}}})
+             .dump()
+      << "\n";
+    return static_cast<bool>(f);
+  }
 };
 
 std::string fmt(const char* f, double v) {
@@ -300,6 +331,7 @@ nlohmann::json to_json(const Result& r) {
     j["tokens"] = r.tokens;
     j["tokens_per_s"] = r.tokens_per_s;
   }
+  if (r.has_timeline) j["timeline"] = timeline_json(r.timeline);
   return j;
 }
 
@@ -369,10 +401,42 @@ void print_batched(const std::vector<Result>& rows) {
   std::printf("\n");
 }
 
+// --timeline: one more call of each row's direction on the first buffer set, recorded once the
+// row is timed (so the recording's overhead touches no timed sample), into the row's summary
+// and the sink's trace. A recording that fails is a note: the rows stand without it.
+void record_timelines(const std::string& label, const std::function<void(const Result&)>& call,
+                      std::vector<Result>& rows, TimelineSink& sink) {
+  for (Result& r : rows) {
+    const std::string name = label + " " + r.dir;
+    try {
+      gpu::device_synchronize();
+      gpu::TimelineRecording rec;
+      call(r);
+      const std::vector<gpu::TimelineEvent> ev = rec.stop();
+      r.timeline = summarize_timeline(ev);
+      r.has_timeline = true;
+      append_chrome_trace(sink.events, sink.next_pid++, name + " (" + r.impl + ")", ev);
+    } catch (const std::exception& e) {
+      std::printf("  note %s: no timeline: %s\n", name.c_str(), e.what());
+    }
+  }
+}
+
+void print_timelines(const std::string& label, const std::vector<Result>& rows) {
+  for (const Result& r : rows) {
+    if (r.has_timeline) {
+      std::fputs(
+          timeline_text(label + " " + r.dir + " (" + r.impl + ")", r.timeline, r.median_us).c_str(),
+          stdout);
+    }
+  }
+}
+
 // Runs one case: verify, build the benchmark, time its rows, free it, time the dense baseline.
 // Appends its rows to `out`; returns false when verification failed.
 bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int samples,
-                int64_t verify_rows, const gpu::CopyBandwidth& copy, std::vector<Result>& out) {
+                int64_t verify_rows, const gpu::CopyBandwidth& copy, TimelineSink& sink,
+                std::vector<Result>& out) {
   const auto t0 = Clock::now();
   // Verify first: a failing kernel's timing means nothing.
   const Case sc = h.verify ? h.verify(c) : small_case(c, verify_rows);
@@ -458,6 +522,16 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
     r.dense_n = hint.dense_n;
     rows.push_back(std::move(r));
   }
+  if (sink.enabled()) {
+    record_timelines(
+        op.name + " " + c.s("name", ""),
+        [&](const Result& r) {
+          auto& b = benches.front();
+          if (r.dir == "fwd" || r.dir == "fwd+bwd") b.fwd();
+          if (r.dir != "fwd") b.bwd();
+        },
+        rows, sink);
+  }
   const std::vector<ops::OpInfo::Bench::BatchedProduct> batched = hint.batched;
   benches.clear();  // free this case's buffers before the dense baseline and the next case
   gpu::device_synchronize();
@@ -524,6 +598,7 @@ bool bench_case(const ops::OpInfo& op, const Hooks& h, const Case& c, int sample
     }
   }
   print_stages(rows);
+  print_timelines(op.name + " " + c.s("name", ""), rows);
   if (dense_timed) {
     const Result& f = rows.front();
     std::printf("  dense cuBLAS %s %lldx%lldx%lld (%s):", std::string(dtype_name(c.dtype)).c_str(),
@@ -563,7 +638,7 @@ constexpr double kMaxHostBenchBytes = 16e9;
 bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, const Case& c,
                      int samples, int64_t verify_rows, const CheckOptions& copt,
                      const gpu::CopyBandwidth& copy, const std::vector<Result>& gpu_rows,
-                     bool& composed_done, std::vector<Result>& out) {
+                     bool& composed_done, TimelineSink& sink, std::vector<Result>& out) {
   const std::string name = c.s("name", "");
   const ops::Cost cost = op.cost ? op.cost(c) : ops::Cost{};
   const double moved = cost.fwd_bytes + cost.bwd_bytes;
@@ -627,6 +702,15 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
                 name.c_str(), impl.name.c_str(), e.what());
     std::fflush(stdout);
     return ok;
+  }
+  // --timeline: one more run, recorded; its faults, if any, join the timed runs' below.
+  std::vector<Result> recorded(1);
+  recorded[0].dir = "fwd+bwd";
+  recorded[0].impl = impl.name;
+  if (sink.enabled()) {
+    record_timelines(
+        op.name + " " + name, [&](const Result&) { benches.front()->run(gpu::bench_stream()); },
+        recorded, sink);
   }
   std::vector<std::string> faults;
   for (auto& b : benches)
@@ -712,10 +796,13 @@ bool bench_impl_case(const ops::OpInfo& op, const Impl& impl, const Hooks& h, co
       set_batched(r, both->batched_us, both->batched_min_us, both->batched_shapes);
     }
     set_roofline(r, cost, copy.gbps);  // at the same rate and bandwidth as moe-gpu's rows
+    r.has_timeline = recorded[0].has_timeline;
+    r.timeline = std::move(recorded[0].timeline);
     rows.push_back(std::move(r));
   }
   for (const Result& r : rows) print_row(r);
   print_stages(rows);
+  print_timelines(op.name + " " + name, {rows.back()});
   for (const Result& r : rows) {
     if (r.impl != "moe-gpu" && r.batched_us > 0) {
       std::printf(
@@ -752,7 +839,8 @@ std::vector<const Impl*> cuda_impls(const ops::OpInfo& op, const std::vector<std
 
 int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::string>& only_cases,
               const std::vector<std::string>& impl_args, const CheckOptions& copt,
-              const std::string& json_path, int samples, int64_t verify_rows) {
+              const std::string& json_path, const std::string& timeline_path, int samples,
+              int64_t verify_rows) {
   for (const std::string& name : only_ops) {
     if (!ops::find_op(name)) {
       std::fprintf(stderr, "--op: unknown op '%s' (see `moe-harness list`)\n", name.c_str());
@@ -816,6 +904,14 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
     std::fprintf(stderr, "bench: no GPU available (%s)\n", ops::gpu_description().c_str());
     return 2;
   }
+  TimelineSink sink;
+  sink.path = timeline_path;
+  if (sink.enabled()) {
+    if (const std::string why = gpu::timeline_unavailable(); !why.empty()) {
+      std::fprintf(stderr, "--timeline: cannot record here: %s\n", why.c_str());
+      return 2;
+    }
+  }
   const auto start = Clock::now();
   const std::string device = ops::gpu_description();
   const gpu::CopyBandwidth copy = gpu::measure_copy_bandwidth(size_t{1} << 30, samples);
@@ -831,6 +927,10 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   std::vector<Result> results;
   // The JSON is rewritten after every case, so a run cut short keeps what it measured.
   const auto write_json = [&](bool complete) {
+    if (!sink.write(device)) {
+      std::fprintf(stderr, "--timeline: cannot write '%s'\n", sink.path.c_str());
+      return false;
+    }
     if (json_path.empty()) return true;
     nlohmann::json j;
     j["device"] = device;
@@ -850,7 +950,7 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
     return static_cast<bool>(f);
   };
   if (!write_json(false)) {
-    std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
+    if (!json_path.empty()) std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
     return 2;
   }
   bool all_ok = true;
@@ -867,7 +967,7 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
       }
       const size_t first = results.size();
       try {
-        all_ok &= bench_case(*op, h, c, samples, verify_rows, copy, results);
+        all_ok &= bench_case(*op, h, c, samples, verify_rows, copy, sink, results);
       } catch (const std::exception& e) {
         all_ok = false;
         std::printf("BENCH ERROR %s %s: %s\n", op->name.c_str(), c.line().c_str(), e.what());
@@ -880,7 +980,7 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
       for (const Impl* impl : others) {
         try {
           all_ok &= bench_impl_case(*op, *impl, h, c, samples, verify_rows, copt, copy, gpu_rows,
-                                    composed, results);
+                                    composed, sink, results);
         } catch (const std::exception& e) {
           all_ok = false;
           std::printf("BENCH ERROR %s (%s): %s\n", c.line().c_str(), impl->name.c_str(), e.what());
@@ -892,7 +992,7 @@ int run_bench(const std::vector<std::string>& only_ops, const std::vector<std::s
   }
   std::printf("bench: %zu rows in %.1f s\n", results.size(), seconds_since(start));
   if (!write_json(true)) {
-    std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
+    if (!json_path.empty()) std::fprintf(stderr, "--json: cannot write '%s'\n", json_path.c_str());
     return 2;
   }
   return all_ok ? 0 : 1;
@@ -907,7 +1007,7 @@ void add_bench_command(CLI::App& app, int& status) {
       "Verify, then time the CUDA ops' benchmark cases (GB/s vs copy, TFLOP/s vs dense "
       "cuBLAS, % of roofline, tokens/s)");
   static std::vector<std::string> op_names, case_names, impl_args, plugins;
-  static std::string json_path, ties = "canonical";
+  static std::string json_path, timeline_path, ties = "canonical";
   static int samples = 25;
   static double sustain = 0;
   static int64_t verify_rows = 1024;
@@ -925,6 +1025,10 @@ void add_bench_command(CLI::App& app, int& status) {
       ->check(CLI::IsMember({"canonical", "te", "any"}))
       ->group("Implementations");
   cmd->add_option("--json", json_path, "Also write the results to this JSON file");
+  cmd->add_option("--timeline", timeline_path,
+                  "After timing each row, record one more call of it with CUPTI: print its time "
+                  "per stage and the GPU's idle gaps, and write every recorded kernel to this "
+                  "Chrome trace file (Perfetto, chrome://tracing)");
   cmd->add_option("--samples", samples, "Timed samples per case and direction (>= 20)")
       ->check(CLI::Range(20, 100000));
   cmd->add_option("--sustain-ms", sustain,
@@ -969,7 +1073,8 @@ void add_bench_command(CLI::App& app, int& status) {
     }
     try {
       gpu::set_sustain_ms(sustain);
-      status = run_bench(op_names, case_names, impl_args, copt, json_path, samples, verify_rows);
+      status = run_bench(op_names, case_names, impl_args, copt, json_path, timeline_path, samples,
+                         verify_rows);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench: %s\n", e.what());
       status = 2;
