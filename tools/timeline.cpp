@@ -44,6 +44,27 @@ std::string short_kernel_name(const std::string& demangled) {
   return s.empty() ? demangled : s;
 }
 
+namespace {
+
+// Length of the union of intervals given in start order, in us; each hole between them counted
+// in *gaps and the largest kept in *largest (either may be null).
+double union_us(const std::vector<const gpu::TimelineEvent*>& ev, int* gaps, double* largest) {
+  if (ev.empty()) return 0;
+  uint64_t cover_end = ev.front()->start_ns, busy_ns = 0;
+  for (const auto* e : ev) {
+    const uint64_t b = std::max(e->start_ns, cover_end), f = std::max(e->end_ns, e->start_ns);
+    if (e->start_ns > cover_end) {
+      if (gaps) ++*gaps;
+      if (largest) *largest = std::max(*largest, us_between(cover_end, e->start_ns));
+    }
+    if (f > b) busy_ns += f - b;
+    cover_end = std::max(cover_end, f);
+  }
+  return static_cast<double>(busy_ns) * 1e-3;
+}
+
+}  // namespace
+
 TimelineSummary summarize_timeline(const std::vector<gpu::TimelineEvent>& events) {
   TimelineSummary s;
   if (events.empty()) return s;
@@ -58,22 +79,12 @@ TimelineSummary summarize_timeline(const std::vector<gpu::TimelineEvent>& events
   s.span_us = us_between(t0, t_end);
 
   // Busy time: the union of the intervals, swept in start order; each hole is an idle gap.
-  uint64_t cover_end = t0;
-  uint64_t busy_ns = 0;
-  for (const auto* e : ev) {
-    const uint64_t b = std::max(e->start_ns, cover_end), f = std::max(e->end_ns, e->start_ns);
-    if (e->start_ns > cover_end) {
-      ++s.gaps;
-      s.largest_gap_us = std::max(s.largest_gap_us, us_between(cover_end, e->start_ns));
-    }
-    if (f > b) busy_ns += f - b;
-    cover_end = std::max(cover_end, f);
-  }
-  s.busy_us = static_cast<double>(busy_ns) * 1e-3;
+  s.busy_us = union_us(ev, &s.gaps, &s.largest_gap_us);
   s.idle_us = std::max(0.0, s.span_us - s.busy_us);
 
   std::map<std::string, size_t> index;  // stage -> position in s.stages
   std::vector<std::map<std::string, double>> per_kernel;
+  std::vector<std::vector<const gpu::TimelineEvent*>> of_stage;  // each stage's, in start order
   for (const auto* e : ev) {
     auto [it, added] = index.emplace(e->stage, s.stages.size());
     if (added) {
@@ -82,7 +93,9 @@ TimelineSummary summarize_timeline(const std::vector<gpu::TimelineEvent>& events
       st.first_us = us_between(t0, e->start_ns);
       s.stages.push_back(st);
       per_kernel.emplace_back();
+      of_stage.emplace_back();
     }
+    of_stage[it->second].push_back(e);
     StageTime& st = s.stages[it->second];
     const double d = us_between(e->start_ns, e->end_ns);
     st.busy_us += d;
@@ -98,6 +111,7 @@ TimelineSummary summarize_timeline(const std::vector<gpu::TimelineEvent>& events
     }
   }
   for (size_t i = 0; i < s.stages.size(); ++i) {
+    s.stages[i].active_us = union_us(of_stage[i], nullptr, nullptr);
     std::vector<std::pair<std::string, double>> v(per_kernel[i].begin(), per_kernel[i].end());
     std::stable_sort(v.begin(), v.end(),
                      [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -120,6 +134,7 @@ nlohmann::json timeline_json(const TimelineSummary& s) {
                            {"kernels", st.kernels},
                            {"copies", st.copies},
                            {"busy_us", st.busy_us},
+                           {"active_us", st.active_us},
                            {"first_us", st.first_us},
                            {"last_us", st.last_us},
                            {"top", top}});
@@ -144,10 +159,11 @@ std::string timeline_text(const std::string& label, const TimelineSummary& s, do
       top += buf;
     }
     std::snprintf(buf, sizeof buf,
-                  "    stage %-28s %10.1f us %5.1f%% of the span  %4d kernels %3d copies  (%s)\n",
-                  st.stage.empty() ? "(none)" : st.stage.c_str(), st.busy_us,
-                  s.span_us > 0 ? 100.0 * st.busy_us / s.span_us : 0.0, st.kernels, st.copies,
-                  top.c_str());
+                  "    stage %-24s active %9.1f us %5.1f%% of the span, kernels and copies %9.1f "
+                  "us: %4d kernels %3d copies (%s)\n",
+                  st.stage.empty() ? "(none)" : st.stage.c_str(), st.active_us,
+                  s.span_us > 0 ? 100.0 * st.active_us / s.span_us : 0.0, st.busy_us, st.kernels,
+                  st.copies, top.c_str());
     out += buf;
   }
   return out;

@@ -15,9 +15,10 @@
 namespace moe::tools {
 
 struct StageTime {
-  std::string stage;                                // "" for work issued outside any stage
-  int kernels = 0, copies = 0;                      // copies: memcpys and memsets
-  double busy_us = 0;                               // sum of its events' durations
+  std::string stage;            // "" for work issued outside any stage
+  int kernels = 0, copies = 0;  // copies: memcpys and memsets
+  double busy_us = 0;           // sum of its events' durations
+  double active_us = 0;  // time some event of it ran (the union: overlapping streams count once)
   double first_us = 0, last_us = 0;                 // its first start, last end (from t0)
   std::vector<std::pair<std::string, double>> top;  // its 3 longest kernels by total us
 };
@@ -30,7 +31,7 @@ struct TimelineSummary {
   int gaps = 0;        // idle intervals
   double largest_gap_us = 0;
   // Stages in the order of their first event. A stage's busy_us sums its events' durations, so
-  // work that overlaps on two streams counts twice there (not in busy_us above).
+  // work that overlaps on two streams counts twice there; its active_us counts it once.
   std::vector<StageTime> stages;
 };
 

@@ -74,6 +74,8 @@ TEST(Timeline, SummaryCountsBusyTimeOnceAcrossStreamsAndTheIdleGaps) {
   EXPECT_EQ(s.stages[1].stage, "experts/ffn.act");
   EXPECT_EQ(s.stages[1].kernels, 2);
   EXPECT_DOUBLE_EQ(s.stages[1].busy_us, 8.0 + 15.0);
+  EXPECT_DOUBLE_EQ(s.stages[1].active_us, 30.0 - 12.0);  // its two streams overlap on [15, 20]
+  EXPECT_DOUBLE_EQ(s.stages[0].active_us, 10.0);
   EXPECT_DOUBLE_EQ(s.stages[1].first_us, 12.0);
   EXPECT_DOUBLE_EQ(s.stages[1].last_us, 30.0);
   ASSERT_EQ(s.stages[1].top.size(), 1u);
@@ -88,12 +90,16 @@ TEST(Timeline, SummaryCountsBusyTimeOnceAcrossStreamsAndTheIdleGaps) {
   EXPECT_EQ(j.at("gaps").get<int>(), 2);
   EXPECT_EQ(j.at("stages").at(1).at("stage"), "experts/ffn.act");
   EXPECT_EQ(j.at("stages").at(1).at("top").at(0).at("name"), "act_fwd_vec_kernel");
+  EXPECT_DOUBLE_EQ(j.at("stages").at(1).at("active_us").get<double>(), 18.0);
 
   const std::string text = timeline_text("moe_block x fwd+bwd (moe-gpu)", s, 41.0);
   EXPECT_NE(text.find("timeline moe_block x fwd+bwd (moe-gpu)"), std::string::npos) << text;
   EXPECT_NE(text.find("idle 7.0 in 2 gaps (largest 5.0)"), std::string::npos) << text;
   EXPECT_NE(text.find("stage (none)"), std::string::npos) << text;
   EXPECT_NE(text.find("act_fwd_vec_kernel 23.0"), std::string::npos) << text;
+  EXPECT_NE(text.find("active      18.0 us  45.0% of the span, kernels and copies      23.0 us"),
+            std::string::npos)
+      << text;
 }
 
 TEST(Timeline, SummaryOfNothingIsEmpty) {
