@@ -46,19 +46,36 @@ std::string short_kernel_name(const std::string& demangled) {
 
 namespace {
 
+std::string where(const gpu::TimelineEvent& e) {
+  return (is_kernel(e) ? short_kernel_name(e.name) : e.name) + " [" +
+         (e.stage.empty() ? "no stage" : e.stage) + "]";
+}
+
 // Length of the union of intervals given in start order, in us; each hole between them counted
-// in *gaps and the largest kept in *largest (either may be null).
-double union_us(const std::vector<const gpu::TimelineEvent*>& ev, int* gaps, double* largest) {
+// in *gaps, the largest kept in *largest and the 3 longest in *longest (any may be null).
+double union_us(const std::vector<const gpu::TimelineEvent*>& ev, int* gaps, double* largest,
+                std::vector<TimelineGap>* longest) {
   if (ev.empty()) return 0;
   uint64_t cover_end = ev.front()->start_ns, busy_ns = 0;
+  const gpu::TimelineEvent* last = ev.front();  // the event that ends at cover_end
   for (const auto* e : ev) {
     const uint64_t b = std::max(e->start_ns, cover_end), f = std::max(e->end_ns, e->start_ns);
     if (e->start_ns > cover_end) {
+      const double us = us_between(cover_end, e->start_ns);
       if (gaps) ++*gaps;
-      if (largest) *largest = std::max(*largest, us_between(cover_end, e->start_ns));
+      if (largest) *largest = std::max(*largest, us);
+      if (longest) {
+        longest->push_back({us, where(*last), where(*e)});
+        std::stable_sort(longest->begin(), longest->end(),
+                         [](const TimelineGap& x, const TimelineGap& y) { return x.us > y.us; });
+        if (longest->size() > 3) longest->pop_back();
+      }
     }
     if (f > b) busy_ns += f - b;
-    cover_end = std::max(cover_end, f);
+    if (f > cover_end) {
+      cover_end = f;
+      last = e;
+    }
   }
   return static_cast<double>(busy_ns) * 1e-3;
 }
@@ -79,7 +96,7 @@ TimelineSummary summarize_timeline(const std::vector<gpu::TimelineEvent>& events
   s.span_us = us_between(t0, t_end);
 
   // Busy time: the union of the intervals, swept in start order; each hole is an idle gap.
-  s.busy_us = union_us(ev, &s.gaps, &s.largest_gap_us);
+  s.busy_us = union_us(ev, &s.gaps, &s.largest_gap_us, &s.largest_gaps);
   s.idle_us = std::max(0.0, s.span_us - s.busy_us);
 
   std::map<std::string, size_t> index;  // stage -> position in s.stages
@@ -111,7 +128,7 @@ TimelineSummary summarize_timeline(const std::vector<gpu::TimelineEvent>& events
     }
   }
   for (size_t i = 0; i < s.stages.size(); ++i) {
-    s.stages[i].active_us = union_us(of_stage[i], nullptr, nullptr);
+    s.stages[i].active_us = union_us(of_stage[i], nullptr, nullptr, nullptr);
     std::vector<std::pair<std::string, double>> v(per_kernel[i].begin(), per_kernel[i].end());
     std::stable_sort(v.begin(), v.end(),
                      [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -126,6 +143,10 @@ nlohmann::json timeline_json(const TimelineSummary& s) {
                       {"copies", s.copies},   {"span_us", s.span_us},
                       {"busy_us", s.busy_us}, {"idle_us", s.idle_us},
                       {"gaps", s.gaps},       {"largest_gap_us", s.largest_gap_us}};
+  j["largest_gaps"] = nlohmann::json::array();
+  for (const TimelineGap& g : s.largest_gaps) {
+    j["largest_gaps"].push_back({{"us", g.us}, {"after", g.after}, {"before", g.before}});
+  }
   j["stages"] = nlohmann::json::array();
   for (const StageTime& st : s.stages) {
     nlohmann::json top = nlohmann::json::array();
@@ -165,6 +186,15 @@ std::string timeline_text(const std::string& label, const TimelineSummary& s, do
                   s.span_us > 0 ? 100.0 * st.active_us / s.span_us : 0.0, st.busy_us, st.kernels,
                   st.copies, top.c_str());
     out += buf;
+  }
+  if (!s.largest_gaps.empty()) {
+    out += "    longest idle gaps:";
+    for (const TimelineGap& g : s.largest_gaps) {
+      std::snprintf(buf, sizeof buf, " %.1f us after %s before %s;", g.us, g.after.c_str(),
+                    g.before.c_str());
+      out += buf;
+    }
+    out += "\n";
   }
   return out;
 }

@@ -23,6 +23,13 @@ struct StageTime {
   std::vector<std::pair<std::string, double>> top;  // its 3 longest kernels by total us
 };
 
+// An idle interval and the work on either side of it ("kernel [stage]"): what the GPU waited
+// between, e.g. a host synchronisation inside a stage, or host work between two stages.
+struct TimelineGap {
+  double us = 0;
+  std::string after, before;
+};
+
 struct TimelineSummary {
   int events = 0, kernels = 0, copies = 0;
   double span_us = 0;  // the first event's start to the last one's end
@@ -30,6 +37,7 @@ struct TimelineSummary {
   double idle_us = 0;  // span - busy: the GPU ran nothing (launch gaps, host waits)
   int gaps = 0;        // idle intervals
   double largest_gap_us = 0;
+  std::vector<TimelineGap> largest_gaps;  // the 3 longest, longest first
   // Stages in the order of their first event. A stage's busy_us sums its events' durations, so
   // work that overlaps on two streams counts twice there; its active_us counts it once.
   std::vector<StageTime> stages;

@@ -66,6 +66,14 @@ TEST(Timeline, SummaryCountsBusyTimeOnceAcrossStreamsAndTheIdleGaps) {
   EXPECT_DOUBLE_EQ(s.idle_us, 7.0);
   EXPECT_EQ(s.gaps, 2);
   EXPECT_DOUBLE_EQ(s.largest_gap_us, 5.0);
+  // Longest first, named by the work on either side (the one that ended last before the gap).
+  ASSERT_EQ(s.largest_gaps.size(), 2u);
+  EXPECT_DOUBLE_EQ(s.largest_gaps[0].us, 5.0);
+  EXPECT_EQ(s.largest_gaps[0].after, "act_fwd_vec_kernel [experts/ffn.act]");
+  EXPECT_EQ(s.largest_gaps[0].before, "memcpy DtoH [no stage]");
+  EXPECT_DOUBLE_EQ(s.largest_gaps[1].us, 2.0);
+  EXPECT_EQ(s.largest_gaps[1].after, "gate_kernel [gate]");
+  EXPECT_EQ(s.largest_gaps[1].before, "act_fwd_vec_kernel [experts/ffn.act]");
 
   // Stages in the order of their first event; a stage's busy time sums its events.
   ASSERT_EQ(s.stages.size(), 3u);
@@ -96,6 +104,11 @@ TEST(Timeline, SummaryCountsBusyTimeOnceAcrossStreamsAndTheIdleGaps) {
   EXPECT_NE(text.find("timeline moe_block x fwd+bwd (moe-gpu)"), std::string::npos) << text;
   EXPECT_NE(text.find("idle 7.0 in 2 gaps (largest 5.0)"), std::string::npos) << text;
   EXPECT_NE(text.find("stage (none)"), std::string::npos) << text;
+  EXPECT_NE(text.find("longest idle gaps: 5.0 us after act_fwd_vec_kernel [experts/ffn.act] "
+                      "before memcpy DtoH [no stage]; 2.0 us"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(j.at("largest_gaps").size(), 2u);
   EXPECT_NE(text.find("act_fwd_vec_kernel 23.0"), std::string::npos) << text;
   EXPECT_NE(text.find("active      18.0 us  45.0% of the span, kernels and copies      23.0 us"),
             std::string::npos)
