@@ -60,6 +60,26 @@ __global__ void add_round_kernel(const float* a, const D* b, D* out, int64_t n) 
   }
 }
 
+// The same for a 16-bit D, eight elements a thread (two 16-byte loads of a, one of b, one store):
+// the scalar kernel's 2-byte accesses ran at half the copy bandwidth (218 / 256 us in the
+// DeepSeek- / Mixtral-like block's backward, H200, session 45's timeline).
+template <class D>
+__global__ void add_round8_kernel(const float4* a, const uint4* b, uint4* out, int64_t n8) {
+  static_assert(sizeof(D) == 2);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n8;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float4 a0 = a[2 * i], a1 = a[2 * i + 1];
+    const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const uint4 bv = b[i];
+    const D* bd = reinterpret_cast<const D*>(&bv);
+    uint4 ov;
+    D* od = reinterpret_cast<D*>(&ov);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) od[j] = from_f32<D>(av[j] + to_f32(bd[j]));
+    out[i] = ov;
+  }
+}
+
 // d_logits [T, E] as three bf16 terms, hi + mid + lo = v exactly (each takes 8 of v's 24
 // significant bits, rounded; the residues are exact in fp32; only for |v| < 2^-110 may the last
 // term fall below bf16's normal range and round, by at most 2^-134), so the gate's gradients run
@@ -827,8 +847,19 @@ MoeBlockGrads moe_block_bwd(Communicator& comm, const DeviceTensor& grad_y,
     const int64_t n = k.Ts * H;
     dispatch_float(k.d, [&](auto v) {
       using D = decltype(v);
-      add_round_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(
-          d_x_gate.data<float>(), d_x_dispatch.data<D>(), mine_x.back().data<D>(), n);
+      const float* a = d_x_gate.data<float>();
+      const D* b = d_x_dispatch.data<D>();
+      D* y = mine_x.back().data<D>();
+      const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      if constexpr (sizeof(D) == 2) {
+        if (n % 8 == 0 && aligned(a) && aligned(b) && aligned(y)) {
+          add_round8_kernel<D><<<blocks_for(n / 8), kThreads, 0, s>>>(
+              reinterpret_cast<const float4*>(a), reinterpret_cast<const uint4*>(b),
+              reinterpret_cast<uint4*>(y), n / 8);
+          return;
+        }
+      }
+      add_round_kernel<D><<<blocks_for(n), kThreads, 0, s>>>(a, b, y, n);
     });
     MOE_CUDA_CHECK(cudaGetLastError());
   }
