@@ -194,9 +194,10 @@ M = [
      "if (local[e]) out[e] += local[e];",
      "moe_block column counts: per-block totals added to global memory without an atomic"),
     ("041", "block_dx_gate_term", "missing-grad-term", "gpu/moe_block.cu", 1,
-     "out[i] = from_f32<D>(a[i] + to_f32(b[i]));",
-     "out[i] = from_f32<D>(to_f32(b[i]));",
-     "moe_block backward: d_x misses the gate (router) path's contribution"),
+     "od[j] = from_f32<D>(av[j] + to_f32(bd[j]));",
+     "od[j] = from_f32<D>(to_f32(bd[j]));",
+     "moe_block backward: d_x misses the gate (router) path's contribution (the eight-wide kernel "
+     "of 16-bit dtypes, session 45)"),
     ("042", "block_ordered_sum_last_shard", "edge-size", "gpu/moe_block.cu", 1,
      "for (int64_t k = 1; k < n_parts; ++k) acc += parts[k * stride + i];",
      "for (int64_t k = 1; k + 1 < n_parts; ++k) acc += parts[k * stride + i];",
@@ -577,6 +578,11 @@ M = [
      "wgmma_m64n256k16<T, 1, 1>(acc, da, db, kk > 0);",
      "sm90 panel wgrad kernel (session 41): the first k-slice of every k-block, not only of the "
      "tile's first, writes the accumulators, so a tile keeps only its last block's products"),
+    ("112", "block_dx_gate_term_scalar", "missing-grad-term", "gpu/moe_block.cu", 1,
+     "out[i] = from_f32<D>(a[i] + to_f32(b[i]));",
+     "out[i] = from_f32<D>(to_f32(b[i]));",
+     "moe_block backward: d_x misses the gate path's contribution in the scalar kernel (f32, or a "
+     "16-bit d_x whose size or addresses do not allow eight-wide access)"),
 ]
 
 
