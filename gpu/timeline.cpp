@@ -1,6 +1,8 @@
 // CUPTI-based kernel timelines (gpu/timeline.cuh). CUPTI is loaded with dlopen and its entry
 // points looked up by name, so the library does not link against it: where it is missing only
-// a recording fails, naming what it looked for.
+// a recording fails, naming what it looked for. scripts/cupti_trace.cpp records the same activity
+// kinds for a whole process from outside (LD_PRELOAD, CSV at exit, API calls too); this one is
+// in process, between two points of our code, and knows which of its stages issued the work.
 #include "gpu/timeline.cuh"
 
 #include <cuda_runtime_api.h>

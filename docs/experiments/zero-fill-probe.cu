@@ -9,7 +9,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <vector>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+#define CK(x)                                        \
+  do {                                               \
+    cudaError_t e = (x);                             \
+    if (e != cudaSuccess) {                          \
+      printf("%s: %s\n", #x, cudaGetErrorString(e)); \
+      return 1;                                      \
+    }                                                \
+  } while (0)
 constexpr long long kRun = 2048LL * 7168 * 2;  // 29.36 MB, one expert's gradient
 constexpr int kRuns = 58;
 __global__ void chunks(uint4* base, long long run_words, long long stride_words, int runs, int cs) {
@@ -18,7 +25,10 @@ __global__ void chunks(uint4* base, long long run_words, long long stride_words,
     const long long r = c / per_run, w0 = (c % per_run) * chunk, w1 = min(w0 + chunk, run_words);
     uint4* p = base + r * stride_words;
     for (long long i = w0 + threadIdx.x; i < w1; i += blockDim.x) {
-      if (cs) __stcs(p + i, make_uint4(0, 0, 0, 0)); else p[i] = make_uint4(0, 0, 0, 0);
+      if (cs)
+        __stcs(p + i, make_uint4(0, 0, 0, 0));
+      else
+        p[i] = make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -28,7 +38,10 @@ __global__ void contig(uint4* base, long long run_words, long long stride_words,
   const long long a = total * blockIdx.x / gridDim.x, b = total * (blockIdx.x + 1) / gridDim.x;
   for (long long i = a + threadIdx.x; i < b; i += blockDim.x) {
     uint4* p = base + (i / run_words) * stride_words + i % run_words;
-    if (cs) __stcs(p, make_uint4(0, 0, 0, 0)); else *p = make_uint4(0, 0, 0, 0);
+    if (cs)
+      __stcs(p, make_uint4(0, 0, 0, 0));
+    else
+      *p = make_uint4(0, 0, 0, 0);
   }
 }
 // One block per SM holding all of its shared memory, spinning ~ms: nothing else fits beside it.
@@ -37,7 +50,10 @@ __global__ void spin(long long cycles, int* sink) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
-  if (threadIdx.x == 0) { smem[0] = 1; sink[blockIdx.x] = smem[0]; }
+  if (threadIdx.x == 0) {
+    smem[0] = 1;
+    sink[blockIdx.x] = smem[0];
+  }
 }
 int main() {
   int sms = 0;
@@ -82,8 +98,11 @@ int main() {
       time(name, [&] { contig<<<sms * per, 1024>>>((uint4*)buf, rw, sw, kRuns, cs); });
     }
   }
-  time("chunks 64K, 8 x SMs, runs contiguous", [&] { chunks<<<sms * 8, 256>>>((uint4*)buf, rw, rw, kRuns, 0); });
-  time("memcpy DtoD 0.85 GB (read+write 1.70 GB)", [&] { cudaMemcpyAsync(buf + kRun * kRuns, buf, kRun * kRuns / 2, cudaMemcpyDeviceToDevice); });
+  time("chunks 64K, 8 x SMs, runs contiguous",
+       [&] { chunks<<<sms * 8, 256>>>((uint4*)buf, rw, rw, kRuns, 0); });
+  time("memcpy DtoD 0.85 GB (read+write 1.70 GB)", [&] {
+    cudaMemcpyAsync(buf + kRun * kRuns, buf, kRun * kRuns / 2, cudaMemcpyDeviceToDevice);
+  });
   // Does a memset / D2D copy on another stream run beside a kernel that fills every SM?
   {
     cudaStream_t a, b;
@@ -94,7 +113,10 @@ int main() {
     const int smem = 100 * 1024;
     CK(cudaFuncSetAttribute(spin, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaEvent_t s0, s1, m0, m1;
-    cudaEventCreate(&s0); cudaEventCreate(&s1); cudaEventCreate(&m0); cudaEventCreate(&m1);
+    cudaEventCreate(&s0);
+    cudaEventCreate(&s1);
+    cudaEventCreate(&m0);
+    cudaEventCreate(&m1);
     for (int kind = 0; kind < 3; ++kind) {
       for (int rep = 0; rep < 2; ++rep) {
         cudaDeviceSynchronize();
@@ -102,9 +124,12 @@ int main() {
         spin<<<2 * sms, 1024, smem, a>>>(1980LL * 1000 * 5, sink);  // ~5 ms at 1.98 GHz
         cudaEventRecord(s1, a);
         cudaEventRecord(m0, b);
-        if (kind == 0) cudaMemsetAsync(buf, 0, kRun * kRuns, b);
-        else if (kind == 1) cudaMemcpyAsync(buf + kRun * kRuns, buf, kRun * kRuns / 2, cudaMemcpyDeviceToDevice, b);
-        else chunks<<<sms * 8, 256, 0, b>>>((uint4*)buf, rw, sw, kRuns, 0);
+        if (kind == 0)
+          cudaMemsetAsync(buf, 0, kRun * kRuns, b);
+        else if (kind == 1)
+          cudaMemcpyAsync(buf + kRun * kRuns, buf, kRun * kRuns / 2, cudaMemcpyDeviceToDevice, b);
+        else
+          chunks<<<sms * 8, 256, 0, b>>>((uint4*)buf, rw, sw, kRuns, 0);
         cudaEventRecord(m1, b);
         cudaDeviceSynchronize();
         float spin_ms = 0, m_ms = 0, start_gap = 0;
@@ -113,9 +138,14 @@ int main() {
         cudaEventElapsedTime(&start_gap, s0, m0);
         float m_end = 0;
         cudaEventElapsedTime(&m_end, s0, m1);
-        printf("beside a full-SM kernel (%.2f ms): %-22s took %.2f ms, ended %.2f ms after the spin began  err=%s\n",
-               spin_ms, kind == 0 ? "memset 1.70 GB" : kind == 1 ? "memcpy DtoD 0.85 GB" : "zero kernel 1.70 GB",
-               m_ms, m_end, cudaGetErrorString(cudaGetLastError()));
+        printf(
+            "beside a full-SM kernel (%.2f ms): %-22s took %.2f ms, ended %.2f ms after the spin "
+            "began  err=%s\n",
+            spin_ms,
+            kind == 0   ? "memset 1.70 GB"
+            : kind == 1 ? "memcpy DtoD 0.85 GB"
+                        : "zero kernel 1.70 GB",
+            m_ms, m_end, cudaGetErrorString(cudaGetLastError()));
       }
     }
   }
