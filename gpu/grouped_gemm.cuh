@@ -347,7 +347,7 @@ class Scratch {
 // The per-group products of one role over a plan (row-major, a/b/c raw device pointers):
 //   fwd:   c[o_g.., N] = a[o_g.., K] . b_g[K, N]
 //   dgrad: c[o_g.., K] = a[o_g.., N] . b_g[K, N]^T
-//   wgrad: c_g[K, N]   = a[o_g.., K]^T . b[o_g.., N]   (empty groups are not written)
+//   wgrad: c_g[K, N]   = a[o_g.., K]^T . b[o_g.., N]   (an empty group's c_g = 0, or += 0)
 // a and b have dtype ab; c has dtype c_type (ab or f32). accumulate: c += product (else c =).
 void grouped_product(GemmRole role, const GroupPlan& plan, DType ab, const void* a, const void* b,
                      DType c_type, void* c, int64_t K, int64_t N, bool accumulate, Stream s,

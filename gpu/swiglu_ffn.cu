@@ -337,7 +337,6 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
                                d_inter.get(), M, H, false, s, o);
   stage.reset();
   stage.emplace("ffn.down_wgrad");
-  gemm_detail::zero_empty_groups(plan, out.grad_wo.data(), M * H, es, s);
   gemm_detail::grouped_product(GemmRole::wgrad, plan, d, intermediate.data(), grad_out.data(), d,
                                out.grad_wo.data(), M, H, false, s, o);
   if (w.wo_bias) {
@@ -395,8 +394,6 @@ void swiglu_expert_ffn_bwd_into(const DeviceTensor& grad_out, const DeviceTensor
   // Input projections' weight and bias gradients.
   stage.reset();
   stage.emplace("ffn.wi_wgrad");
-  gemm_detail::zero_empty_groups(plan, out.grad_wi_0.data(), H * M, es, s);
-  gemm_detail::zero_empty_groups(plan, out.grad_wi_1.data(), H * M, es, s);
   // Both share x: one problem list (on `streams`, 16 products in flight instead of 8).
   gemm_detail::grouped_products(
       GemmRole::wgrad, plan, d, x.data(),

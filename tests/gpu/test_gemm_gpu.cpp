@@ -2166,8 +2166,7 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
   };
   const Tensor gw = run();
   gpu::DeviceTensor gw32(DType::f32, {G, K, N});
-  gpu::gemm_detail::poison(gw32, nullptr);
-  gpu::gemm_detail::zero_empty_groups(plan, gw32.data(), K * N, 4, nullptr);
+  gpu::gemm_detail::poison(gw32, nullptr);  // the empty group's zeros are the kernel's to store
   const int64_t before32 = gpu::gemm_detail::sm90_kernel_calls();
   gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, plan, DType::bf16, x.data(), ct.data(),
                                     DType::f32, gw32.data(), K, N, false, nullptr, o);
@@ -2221,8 +2220,7 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
   o.sm90_wgrad = true;
   auto run = [&](const gpu::GroupPlan& pl, int64_t groups) {
     gpu::DeviceTensor gw(DType::bf16, {groups, K, N});
-    gpu::gemm_detail::poison(gw, nullptr);
-    gpu::gemm_detail::zero_empty_groups(pl, gw.data(), K * N, 2, nullptr);
+    gpu::gemm_detail::poison(gw, nullptr);  // empty groups included: the kernel stores their zeros
     gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, pl, DType::bf16, x.data(), ct.data(),
                                       DType::bf16, gw.data(), K, N, false, nullptr, o);
     return gw.download();
@@ -2251,6 +2249,128 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
   run(gpu::make_group_plan(over, R), G);
   EXPECT_EQ(gpu::sm90::wgrad_panel_launches(), over_before)
       << "a group of kPanelRows + 1 rows went to the panel kernel";
+}
+
+// Empty groups in the sm90 wgrad kernels (wgrad_group_list, zero_block): with c written, every
+// empty group is listed and its tiles store zeros from the consumer warps, no memset. Empty groups
+// first, last, in a run of three and between long ones, K = 328 (a warpgroup without rows: its
+// zero block is skipped too) and N = 520 (a column tile of 8 columns: 16 bytes a row). Over the
+// panel kernel (every group at most kPanelRows), grouped_cols_kernel with and without the
+// deferred epilogue, the warps' staged stores (MOE_SM90_WGRAD_STORE=sync) and fp32 c: c poisoned,
+// every element against its fp64 sum and the empty groups exactly 0, each launch counted as the
+// kernel's. Accumulating leaves the empty groups as they were (not listed), and a plan of empty
+// groups only is all zeros from one launch.
+TEST(Sm90GemmGpu, WgradStoresTheEmptyGroupsZerosAmongItsTiles) {
+  MOE_SKIP_WITHOUT_SM90();
+  const std::vector<int64_t> sizes = {0, 70, 0, 0, 0, 130, 5, 0, 300, 64, 0, 190, 0};
+  int64_t used = 0;
+  for (int64_t v : sizes) used += v;
+  const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
+  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
+  const gpu::DeviceTensor x = inf_past(filled({R, K}, kSeedX), used);
+  const gpu::DeviceTensor ct = inf_past(filled({R, N}, kSeedCt), used);
+  gpu::GemmOptions o;
+  o.impl = gpu::GemmImpl::sm90;
+  o.sm90_wgrad = true;
+  auto run = [&](DType c_type, const gpu::GroupPlan& pl) {
+    gpu::DeviceTensor gw(c_type, {G, K, N});
+    gpu::gemm_detail::poison(gw, nullptr);
+    const int64_t before = gpu::gemm_detail::sm90_kernel_calls();
+    gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, pl, DType::bf16, x.data(), ct.data(),
+                                      c_type, gw.data(), K, N, false, nullptr, o);
+    EXPECT_EQ(gpu::gemm_detail::sm90_kernel_calls() - before, 1) << "wgrad on the kernel";
+    return gw.download();
+  };
+  auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    Tensor gw = run(DType::bf16, plan);
+    const Tensor gw32 = run(DType::f32, plan);
+    const std::vector<std::string> bad = wgrad_off_fp64(plan, used, K, N, gw, &gw32);
+    EXPECT_TRUE(bad.empty()) << bad.size()
+                             << " elements off, first: " << (bad.empty() ? "" : bad.front());
+    return gw;
+  };
+  const int64_t panels = gpu::sm90::wgrad_panel_launches();
+  const Tensor base = check("panel kernel");
+  EXPECT_EQ(gpu::sm90::wgrad_panel_launches() - panels, 1) << "the bf16 product on the panel";
+  {
+    const ScopedEnv panel("MOE_SM90_WGRAD_PANEL");
+    panel.set("off");
+    EXPECT_TRUE(base.bitwise_equal(check("grouped_cols_kernel, deferred epilogue")));
+    const ScopedEnv defer("MOE_SM90_WGRAD_DEFER");
+    defer.set("off");
+    EXPECT_TRUE(base.bitwise_equal(check("grouped_cols_kernel, TMA epilogue")));
+    const ScopedEnv store("MOE_SM90_WGRAD_STORE");
+    store.set("sync");
+    EXPECT_TRUE(base.bitwise_equal(check("grouped_cols_kernel, staged stores")));
+  }
+  // Accumulating into fp32 c: the empty groups keep their values, the others gain the product.
+  gpu::DeviceTensor acc(DType::f32, {G, K, N});
+  gpu::gemm_detail::fill_hash_uniform(acc, kSeedW, -1.0, 1.0);
+  const Tensor acc_before = acc.download();
+  gpu::gemm_detail::grouped_product(gpu::GemmRole::wgrad, plan, DType::bf16, x.data(), ct.data(),
+                                    DType::f32, acc.data(), K, N, true, nullptr, o);
+  const Tensor acc_after = acc.download(), product = run(DType::f32, plan);
+  int64_t off = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t e = g * K * N; e < (g + 1) * K * N; ++e) {
+      const double want =
+          sizes[g] == 0 ? acc_before.at(e)
+                        : static_cast<double>(static_cast<float>(acc_before.at(e) + product.at(e)));
+      // One fp32 rounding of before + the product's fp32 sum apart: within one ulp of each.
+      if (sizes[g] == 0 ? acc_after.at(e) != want
+                        : std::fabs(acc_after.at(e) - want) >
+                              2 * std::ldexp(std::fabs(want) + std::fabs(product.at(e)), -23))
+        ++off;
+    }
+  }
+  EXPECT_EQ(off, 0) << "accumulated elements off (the empty groups' must be untouched)";
+  // Empty groups only: zeros, from the kernel.
+  const gpu::GroupPlan none = gpu::make_group_plan(std::vector<int64_t>(G, 0), R);
+  const Tensor zeros = run(DType::bf16, none);
+  int64_t nonzero = 0;
+  for (int64_t e = 0; e < G * K * N; ++e) nonzero += zeros.at(e) != 0.0;
+  EXPECT_EQ(nonzero, 0) << "a plan of empty groups left elements that are not 0";
+}
+
+// wgrad_group_list: the groups with rows in order; with_empty, the empty ones in order and evenly
+// among them (after i + 1 entries, floor((i + 1) Z / T) were empty), so a run of empty groups in
+// the plan does not give every cluster zero tiles at once.
+TEST(Sm90WgradList, SpreadsTheEmptyGroupsEvenlyAndKeepsTheOrder) {
+  auto check = [](const std::vector<int64_t>& sizes, bool with_empty) {
+    std::vector<int64_t> offsets = {0};
+    for (int64_t v : sizes) offsets.push_back(offsets.back() + v);
+    const int64_t G = static_cast<int64_t>(sizes.size());
+    const auto list = gpu::sm90::wgrad_group_list(sizes.data(), offsets.data(), G, with_empty);
+    int64_t Z = 0, W = 0;
+    for (int64_t v : sizes) (v == 0 ? Z : W) += 1;
+    if (!with_empty) Z = 0;
+    ASSERT_EQ(static_cast<int64_t>(list.size()), Z + W);
+    const int64_t T = Z + W;
+    int32_t last[2] = {-1, -1};
+    int64_t empty = 0;
+    for (int64_t i = 0; i < T; ++i) {
+      const auto& r = list[i];
+      ASSERT_TRUE(r.g >= 0 && r.g < G) << "at " << i;
+      ASSERT_EQ(r.begin, offsets[r.g]) << "at " << i;
+      ASSERT_EQ(r.end, offsets[r.g + 1]) << "at " << i;
+      const int k = sizes[r.g] == 0;
+      ASSERT_LT(last[k], r.g) << "kind " << k << " out of order at " << i;
+      last[k] = r.g;
+      empty += k;
+      ASSERT_EQ(empty, (i + 1) * Z / T) << "at " << i;
+    }
+  };
+  check({0, 70, 0, 0, 0, 130, 5, 0, 300, 64, 0, 190, 0}, true);
+  check({0, 70, 0, 0, 0, 130, 5, 0, 300, 64, 0, 190, 0}, false);
+  check({0, 0, 0}, true);
+  check({0, 0, 0}, false);
+  check({5, 6}, true);
+  check({}, true);
+  // The DeepSeek-like block's skew: 57 empty experts of 256, in runs.
+  std::vector<int64_t> ds(256, 200);
+  for (int e = 0; e < 57; ++e) ds[e < 30 ? e : 255 - (e - 30) * 3] = 0;
+  check(ds, true);
 }
 
 TEST(GemmBench, GroupedVsDenseCublasAtEqualFlops) {
