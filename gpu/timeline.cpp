@@ -160,6 +160,16 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;  // as many as fit
 }
 
+// The fields every recorded kind has (device, stream, span); returns the correlation id.
+template <class R>
+uint32_t common_fields(const R* r, TimelineEvent& e) {
+  e.device = r->deviceId;
+  e.stream = r->streamId;
+  e.start_ns = r->start;
+  e.end_ns = r->end;
+  return r->correlationId;
+}
+
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   Collected& c = collected();
   std::lock_guard<std::mutex> lock(c.mu);
@@ -174,27 +184,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
         e.kind = "kernel";
         e.name = demangle(k->name);
-        e.device = k->deviceId;
-        e.stream = k->streamId;
-        e.start_ns = k->start;
-        e.end_ns = k->end;
+        corr = common_fields(k, e);
         e.grid[0] = k->gridX, e.grid[1] = k->gridY, e.grid[2] = k->gridZ;
         e.block[0] = k->blockX, e.block[1] = k->blockY, e.block[2] = k->blockZ;
         e.registers = k->registersPerThread;
         e.shared_bytes = static_cast<uint32_t>(k->staticSharedMemory + k->dynamicSharedMemory);
-        corr = k->correlationId;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
         e.kind = "memcpy";
         e.name = copy_kind(m->copyKind);
-        e.device = m->deviceId;
-        e.stream = m->streamId;
-        e.start_ns = m->start;
-        e.end_ns = m->end;
         e.bytes = m->bytes;
-        corr = m->correlationId;
+        corr = common_fields(m, e);
         runtime_corr = m->runtimeCorrelationId;
         break;
       }
@@ -202,12 +204,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
         e.kind = "memset";
         e.name = "memset";
-        e.device = m->deviceId;
-        e.stream = m->streamId;
-        e.start_ns = m->start;
-        e.end_ns = m->end;
         e.bytes = m->bytes;
-        corr = m->correlationId;
+        corr = common_fields(m, e);
         break;
       }
       case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
