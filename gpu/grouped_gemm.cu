@@ -823,9 +823,8 @@ constexpr int64_t kLargeRows = 1024;
 // to chunked).
 std::atomic<int64_t> g_sm90_calls{0};
 
-// wgrad on the sm90 kernel (sm90::ColGroupedProduct): uploads the listed groups (16-byte records;
-// the empty ones too unless accumulating, whose zeros the kernel stores) and, per launch, their
-// TMA descriptors (a_g's, then b_g's), in one copy.
+// wgrad on the sm90 kernel (sm90::ColGroupedProduct): uploads the groups with rows (16-byte
+// records) and, per launch, their TMA descriptors (a_g's, then b_g's), in one copy.
 bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
                     const std::vector<std::pair<const void*, void*>>& bc, DType c_type, int64_t K,
                     int64_t N, bool accumulate, Stream s) {
@@ -843,11 +842,15 @@ bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
     w.c = c;
     if (!sm90::supported(w)) return false;  // also: rows fit the records' int32
   }
-  const std::vector<sm90::WgradGroup> groups =
-      sm90::wgrad_group_list(plan.sizes.data(), plan.offsets.data(), plan.groups(), !accumulate);
-  const int64_t tiles = static_cast<int64_t>(groups.size()) * sm90::col_tiles_of_group(K, N);
-  for (int64_t g = 0; g < plan.groups(); ++g)
+  std::vector<sm90::WgradGroup> groups;
+  int64_t tiles = 0;
+  for (int64_t g = 0; g < plan.groups(); ++g) {
+    if (plan.sizes[g] == 0) continue;
+    groups.push_back({static_cast<int32_t>(g), static_cast<int32_t>(plan.offsets[g]),
+                      static_cast<int32_t>(plan.offsets[g + 1]), 0});
+    tiles += sm90::col_tiles_of_group(plan.sizes[g], K, N);
     w.max_group_rows = std::max(w.max_group_rows, plan.sizes[g]);
+  }
   if (tiles > INT_MAX) return false;
   if (tiles == 0) return true;
   const int n = static_cast<int>(groups.size());
@@ -863,7 +866,7 @@ bool run_sm90_wgrad(const GroupPlan& plan, DType ab, const void* a,
   }
   MOE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, s));
   w.group_list = reinterpret_cast<const sm90::WgradGroup*>(slot.dev);
-  w.listed_groups = n;
+  w.groups_with_rows = n;
   w.tiles = static_cast<int32_t>(tiles);
   for (size_t i = 0; i < bc.size(); ++i) {
     w.b = bc[i].first;
@@ -1497,10 +1500,15 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
   // gradient written, not accumulated.
   const GemmImpl impl = resolve_gemm_impl(o.impl, role, plan, c_type == ab && !accumulate);
   trace_product(bc.size() > 1 ? "products" : "product", role, plan, K, N, impl);
+  // wgrad writes every group's c_g, an empty group's as exactly 0 [DECISION]: one memset per run
+  // of empty groups, before any path (no kernel or cuBLAS call is asked to write them). In the
+  // sm90 kernel's table instead, their zeros cost more than the memsets at the power limit
+  // (docs/experiments/wgrad-zero-tiles.patch; docs/perf.md, session 46).
+  if (!accumulate && role == GemmRole::wgrad) {
+    for (const auto& bc_i : bc) zero_empty_groups(plan, bc_i.second, K * N, dtype_size(c_type), s);
+  }
   // sm90 first: its own tables; cuBLAS's problem list (one entry a group) only where it falls
-  // back. Empty contractions (K or N 0) are never the kernel's. wgrad writes every group's c_g,
-  // an empty group's as exactly 0 [DECISION]: the sm90 kernel stores those zeros among its tiles;
-  // elsewhere they are set before cuBLAS, which is never asked to write them.
+  // back. Empty contractions (K or N 0) are never the kernel's.
   if (impl == GemmImpl::sm90 && K > 0 && N > 0 &&
       (role != GemmRole::wgrad || o.sm90_wgrad || o.impl == GemmImpl::automatic ||
        o.impl == GemmImpl::split) &&
@@ -1512,11 +1520,9 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
   for (const auto& [b, c] : bc) {
     build_problems(role, plan, dtype_size(ab), a, b, dtype_size(c_type), c, K, N, ps, zero_k);
   }
-  if (!accumulate && role == GemmRole::wgrad) {
-    // wgrad's empty contractions are the empty groups: one memset per run of them.
-    for (const auto& bc_i : bc) zero_empty_groups(plan, bc_i.second, K * N, dtype_size(c_type), s);
-  } else if (!accumulate) {
+  if (!accumulate && role != GemmRole::wgrad) {
     // An empty contraction (K = 0 or N = 0) writes C = 0; cuBLAS may return without touching C.
+    // wgrad's empty contractions are the empty groups, zeroed above.
     const size_t es = dtype_size(c_type);
     for (const Problem& p : zero_k) {
       MOE_CUDA_CHECK(cudaMemset2DAsync(p.c, static_cast<size_t>(p.ldc) * es, 0,

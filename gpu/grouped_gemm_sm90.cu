@@ -246,10 +246,9 @@ __device__ __forceinline__ Tile decode(const KParams& p, int d, uint32_t rank) {
 // [256 q, 256 q + 256) of c[g]) and one column tile: the pair shares b_g's column tile (each CTA
 // loads half of it, multicast to both) and each CTA loads its own 128 columns of a_g.
 struct WParams {
-  // The listed groups (ColGroupedProduct::group_list; an empty one's tiles have no k-blocks and
-  // store zeros); each has per_group = m_pairs * n_tiles entries, so an entry's group, offset and
-  // end are one 16-byte load away, issued a tile ahead (wgrad's tiles are short: ~4 k-blocks on
-  // the DeepSeek shape).
+  // The groups with rows, in order (ColGroupedProduct::group_list); each has per_group = m_pairs *
+  // n_tiles entries, so an entry's group, offset and end are one 16-byte load away, issued a tile
+  // ahead (wgrad's tiles are short: ~4 k-blocks on the DeepSeek shape).
   const int4* groups;
   int tiles, per_group, n_tiles, m_pairs;
   // Per group of `groups` (n of them): a_g's descriptor, then (at maps + n) b_g's.
@@ -638,28 +637,6 @@ __device__ __forceinline__ void store_block_staged(TC* c, int64_t ldc, int rows,
       }
     }
     __syncwarp();
-  }
-}
-
-// An empty group's tile in the wgrad kernels (listed only where c is written, not accumulated: the
-// tile has no k-blocks): consumer warpgroup's rows [i, i + 64) and columns [n0, n0 + 256) of c[g]
-// (clipped to mc, nc) are stored as zeros straight from the warps, 16 bytes a lane, a warp's
-// instruction 512 contiguous bytes, streaming (evict-first, like the TMA epilogue's hint_c). No
-// shared memory and no products: the stores drain while the next tile's loads and products run, so
-// the zeros cost the write bandwidth beside the other tiles' products rather than a memset pass of
-// their own (2.4 ms of the DeepSeek-like block on an H200, docs/perf.md session 45). A 16-bit
-// gradient's pending TMA block (kDefer) is not touched: it stays pending for the next tile.
-template <class TC>
-__device__ __forceinline__ void zero_block(void* c, int64_t mc, int64_t nc, int g, int64_t i,
-                                           int n0) {
-  const int rows = static_cast<int>(min(static_cast<int64_t>(64), mc - i));
-  // nc is a multiple of 8 (supported()) and n0 of 256: whole 16-byte chunks, 16-byte aligned.
-  const int chunks =
-      static_cast<int>(min(static_cast<int64_t>(kBN), nc - n0)) * static_cast<int>(sizeof(TC)) / 16;
-  char* base = static_cast<char*>(c) + ((g * mc + i) * nc + n0) * static_cast<int64_t>(sizeof(TC));
-  const int64_t ld = nc * static_cast<int64_t>(sizeof(TC));
-  for (int q = threadIdx.x % 128; q < rows * chunks; q += 128) {
-    __stcs(reinterpret_cast<int4*>(base + (q / chunks) * ld) + q % chunks, make_int4(0, 0, 0, 0));
   }
 }
 
@@ -1470,11 +1447,6 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       rec = group_record(p, t + clusters);  // used after this tile's products and stores
       const int k_blocks = static_cast<int>((tl.end - tl.off + kBK - 1) / kBK);
       const int64_t i = tl.i0 + 64 * cw;
-      if (k_blocks == 0) {  // an empty group's tile (the producer loads nothing for it)
-        if (i < p.mc) zero_block<TC>(p.c, p.mc, p.nc, tl.g, i, tl.n0);
-        t += clusters;
-        continue;
-      }
       if constexpr (kDefer) {
         if (i < p.mc) {
           const int second = k_blocks >= 3 ? 2 : 1;
@@ -1642,10 +1614,6 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       const int64_t i = tl.i0 + 64 * cw;
       for (int j = 0; j < p.n_tiles; ++j) {
         const int n0 = j * kBN;
-        if (k_blocks == 0) {  // an empty group's run: zeros, no panel, nothing loaded
-          if (i < p.mc) zero_block<TC>(p.c, p.mc, p.nc, tl.g, i, n0);
-          continue;
-        }
         if (i < p.mc) {
           const int second = k_blocks >= 3 ? 2 : 1;
           int written = 0;  // halves of pend written
@@ -2151,32 +2119,8 @@ void launch(const RowGroupedProduct& p, Stream s) {
   }
 }
 
-int64_t col_tiles_of_group(int64_t mc, int64_t nc) {
-  return col_pairs(mc) * col_tiles(nc);
-}
-
-std::vector<WgradGroup> wgrad_group_list(const int64_t* sizes, const int64_t* offsets,
-                                         int64_t groups, bool with_empty) {
-  std::vector<WgradGroup> with_rows, empty;
-  for (int64_t g = 0; g < groups; ++g) {
-    const WgradGroup r{static_cast<int32_t>(g), static_cast<int32_t>(offsets[g]),
-                       static_cast<int32_t>(offsets[g + 1]), 0};
-    if (sizes[g] > 0) {
-      with_rows.push_back(r);
-    } else if (with_empty) {
-      empty.push_back(r);
-    }
-  }
-  // Empty group e of Z goes at the first position i (of T) with (i + 1) Z / T > e: evenly spaced.
-  const size_t T = with_rows.size() + empty.size(), Z = empty.size();
-  std::vector<WgradGroup> out;
-  out.reserve(T);
-  size_t e = 0, w = 0;
-  for (size_t i = 0; i < T; ++i) {
-    const bool take_empty = e < Z && ((i + 1) * Z / T > e || w == with_rows.size());
-    out.push_back(take_empty ? empty[e++] : with_rows[w++]);
-  }
-  return out;
+int64_t col_tiles_of_group(int64_t n_g, int64_t mc, int64_t nc) {
+  return n_g <= 0 ? 0 : col_pairs(mc) * col_tiles(nc);
 }
 
 bool supported(const ColGroupedProduct& p) {
@@ -2194,10 +2138,7 @@ void encode_group_maps(const ColGroupedProduct& p, const WgradGroup* groups, int
   auto* maps = static_cast<CUtensorMap*>(dst);
   const cuuint32_t box[2] = {64, kBK};  // 64 columns x 64 rows (kChunkBytes), MN-major operands
   for (int k = 0; k < n; ++k) {
-    // An empty group's tiles load nothing; its descriptors (which the producer still acquires)
-    // describe the operands' first row, a valid extent.
-    const bool empty = groups[k].end == groups[k].begin;
-    const int64_t off = empty ? 0 : groups[k].begin, n_g = empty ? 1 : groups[k].end - off;
+    const int64_t off = groups[k].begin, n_g = groups[k].end - groups[k].begin;
     for (int o = 0; o < 2; ++o) {
       const int64_t cols = o == 0 ? p.mc : p.nc;
       const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(n_g)};
@@ -2224,7 +2165,7 @@ void launch(const ColGroupedProduct& p, Stream s) {
   kp.m_pairs = static_cast<int>(col_pairs(p.mc));
   kp.per_group = kp.m_pairs * kp.n_tiles;
   kp.maps = static_cast<const CUtensorMap*>(p.maps);
-  kp.n = p.listed_groups;
+  kp.n = p.groups_with_rows;
   if (p.tiles % kp.per_group != 0)
     throw std::invalid_argument("sm90 grouped GEMM: wgrad tiles not a multiple of the group's");
   // A wave of concurrent entries of a group larger than L2 streams the group's rows of a_g for

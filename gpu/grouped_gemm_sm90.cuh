@@ -238,23 +238,15 @@ constexpr int kClusterSize = 2;
 std::vector<int32_t> mixed_order(const int64_t* sizes, const int64_t* tile_start, int64_t groups);
 void launch(const RowGroupedProduct& p, Stream s);
 
-// A listed group, as the wgrad kernel reads it (16 bytes): its index, first row and end.
+// A group with rows, as the wgrad kernel reads it (16 bytes): its index, first row and end.
 struct WgradGroup {
   int32_t g, begin, end, unused;
 };
-// The wgrad kernel's group list of a plan (sizes[G], offsets[G + 1]): the groups with rows in
-// order and, with_empty (c written, not accumulated), the empty ones spread evenly among them, so
-// that the table's zero tiles (see ColGroupedProduct) run beside other clusters' products rather
-// than all at once in a run of empty groups.
-std::vector<WgradGroup> wgrad_group_list(const int64_t* sizes, const int64_t* offsets,
-                                         int64_t groups, bool with_empty);
 
 // One column-grouped product (grouped_gemm's wgrad), all pointers on the device:
-//   c[g] (=|+=) a_g^T . b_g for every listed group g, where a_g = a[o_g : o_g + n_g, :] and b_g
-//   likewise: the reduction runs over the group's rows. An empty group is listed where c is
-//   written (wgrad_group_list with_empty): its tiles have no k-blocks and store zeros from the
-//   consumer warps (zero_block), so c[g] = 0 costs no pass of its own; where c accumulates it is
-//   not listed (c[g] += 0).
+//   c[g] (=|+=) a_g^T . b_g for every group g with rows, where a_g = a[o_g : o_g + n_g, :] and
+//   b_g likewise: the reduction runs over the group's rows. Groups without rows get no entries
+//   (their c[g] untouched: the caller zeroes them).
 // Kernel (grouped_cols_kernel): the forward's pipeline and clusters, a static schedule; each
 // cluster computes two 128 x 256 tiles of c[g] in adjacent row tiles that share b_g's column tile,
 // over blocks of 64 of the group's rows. Each group's operands are loaded through TMA descriptors
@@ -272,12 +264,12 @@ struct ColGroupedProduct {
   DType c_type = DType::bf16;  // ab or f32
   void* c = nullptr;           // [G, mc, nc]
   bool accumulate = false;
-  const WgradGroup* group_list = nullptr;  // wgrad_group_list's (device, 16-aligned)
-  int32_t listed_groups = 0;
-  // [2 * listed_groups] descriptors (device, kMapBytes-aligned): a_g's, then b_g's, in the
+  const WgradGroup* group_list = nullptr;  // the groups with rows, in order (device, 16-aligned)
+  int32_t groups_with_rows = 0;
+  // [2 * groups_with_rows] descriptors (device, kMapBytes-aligned): a_g's, then b_g's, in the
   // order of group_list (encode_group_maps).
   const void* maps = nullptr;
-  // listed_groups times col_tiles_of_group.
+  // Sum of col_tiles_of_group: the number of groups with rows times the entries of one.
   int32_t tiles = 0;
   // The most rows of any group (0: not known). At most kPanelRows (384) lets the panel kernel take
   // the product: a CTA's 128 columns of a_g stay in shared memory over the group's column tiles.
@@ -288,14 +280,13 @@ constexpr int64_t kPanelRows = 384;
 // Whether launch() takes the product: available(), 16-bit operands, mc and nc multiples of 8,
 // 16-byte aligned a, b and c, rows and sizes in range.
 bool supported(const ColGroupedProduct& p);
-// Entries of the wgrad table for a listed group: ceil(ceil(mc / kTileRows) / 2) * ceil(nc /
-// kTileCols).
-int64_t col_tiles_of_group(int64_t mc, int64_t nc);
+// Entries of the wgrad table for a group of n_g rows: 0 when empty, else
+// ceil(ceil(mc / kTileRows) / 2) * ceil(nc / kTileCols).
+int64_t col_tiles_of_group(int64_t n_g, int64_t mc, int64_t nc);
 // Bytes of one TMA descriptor (CUtensorMap), its alignment too.
 constexpr size_t kMapBytes = 128;
 // Writes the 2 * n descriptors of p.maps to host memory dst (kMapBytes-aligned) for the groups
-// groups[0..n) (host): a_g = a[begin : end, :] as an [end - begin, mc] tensor, then b_g likewise
-// (an empty group: the first row, never loaded).
+// groups[0..n) (host): a_g = a[begin : end, :] as an [end - begin, mc] tensor, then b_g likewise.
 void encode_group_maps(const ColGroupedProduct& p, const WgradGroup* groups, int n, void* dst);
 void launch(const ColGroupedProduct& p, Stream s);
 
