@@ -2685,6 +2685,21 @@ TEST(GemmBench, HostTimeOfOneCall) {
 
 // read_group_plan copies the sizes through a pinned upload slot: both index types, repeated calls
 // (the slot reused), no groups, and a bad dtype naming group_sizes.
+// A wgrad over no rows is c = 0, on every path: dense_gemm's one-group plan of 0 rows (GemmImpl::
+// loop) left c as it was until grouped_product took over zeroing wgrad's empty groups (session 46).
+TEST(GemmGpuEdges, WgradOverNoRowsWritesZeros) {
+  MOE_SKIP_WITHOUT_GPU();
+  const int64_t K = 24, N = 40;
+  const gpu::DeviceTensor a(DType::bf16, {0, K}), b(DType::bf16, {0, N});
+  gpu::DeviceTensor c(DType::bf16, {K, N});
+  gpu::gemm_detail::poison(c, nullptr);
+  gpu::dense_gemm(gpu::GemmRole::wgrad, a, b, c);
+  const Tensor got = c.download();
+  int64_t nonzero = 0;
+  for (int64_t e = 0; e < K * N; ++e) nonzero += got.at(e) != 0.0;
+  EXPECT_EQ(nonzero, 0) << "elements of a wgrad over no rows are not 0";
+}
+
 TEST(GroupPlanGpu, ReadBackOfInt32AndInt64SizesGivesTheHostPlan) {
   MOE_SKIP_WITHOUT_GPU();
   const std::vector<int64_t> sizes = {3, 0, 17, 1, 0, 40, 2};
