@@ -583,6 +583,11 @@ M = [
      "out[i] = from_f32<D>(to_f32(b[i]));",
      "moe_block backward: d_x misses the gate path's contribution in the scalar kernel (f32, or a "
      "16-bit d_x whose size or addresses do not allow eight-wide access)"),
+    ("113", "wgrad_empty_groups_unwritten", "edge-case", "gpu/grouped_gemm.cu", 1,
+     "    for (const auto& bc_i : bc) zero_empty_groups(plan, bc_i.second, K * N, dtype_size(c_type), s);\n",
+     "",
+     "grouped_product's wgrad (session 46: it, not its callers, zeroes the empty groups) leaves an "
+     "empty expert's weight gradient as it was (poison in the tests, stale memory in the block)"),
 ]
 
 
