@@ -4,6 +4,8 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -20,6 +22,20 @@ using namespace detail;
 constexpr int kThreads = 256;
 constexpr int kSlotCap = 256;  // slots staged in shared memory; later ones are decoded in place
 constexpr unsigned kFull = 0xffffffffu;
+
+// A knob that swaps a bulk-copy kernel (rows written by cp.async.bulk from shared memory) for its
+// twin of ordinary stores, same bits: unset, empty or `bulk` the former, `lsu` the latter; any
+// other value throws std::invalid_argument naming the variable. Read on every call (tests flip it).
+// Same-run A/Bs use it, and scripts/gpu_sanitize.sh sets it for initcheck, which does not see
+// global memory written by bulk copies: every element such a copy wrote reads as uninitialized
+// (docs/experiments/bulk-initcheck-probe.cu, session 46), so without it the block family reported
+// 2016 false uninitialized reads where the EP all-to-all and gather_shards read those rows.
+bool lsu_setting(const char* name) {
+  const char* e = std::getenv(name);
+  if (!e || !*e || std::strcmp(e, "bulk") == 0) return false;
+  if (std::strcmp(e, "lsu") == 0) return true;
+  throw std::invalid_argument(std::string(name) + ": expected bulk or lsu, got '" + e + "'");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Routing ranks (shared with argsort dispatch through perm_detail.cuh)
@@ -935,12 +951,8 @@ void launch_gather_sum(const T* src, long long src_rows, const int32_t* rid, con
                        const void* wts, int wcode, T* out, long long Tn, long long E, long long H,
                        void* err, Stream s) {
   if constexpr (N * sizeof(T) == 16) {
-    // Benchmark knob: MOE_GATHER_SUM=lsu runs gather_sum_kernel on these rows (same-run A/B).
-    static const bool force_lsu = [] {
-      const char* e = std::getenv("MOE_GATHER_SUM");
-      return e && std::string(e) == "lsu";
-    }();
-    if (force_lsu) {
+    // MOE_GATHER_SUM=lsu: gather_sum_kernel on these rows (lsu_setting).
+    if (lsu_setting("MOE_GATHER_SUM")) {
       gather_sum_kernel<T, N, 4, 1, 1><<<token_grid(Tn), kThreads, 0, s>>>(
           src, src_rows, rid, pad, wts, wcode, out, Tn, E, H, err);
       check_launch("gather_sum_kernel");
@@ -1035,7 +1047,8 @@ void token_dispatch_fwd_into(const DeviceTensor& x, const DeviceTensor& routing_
   }
   const int vb = vec_bytes(row_bytes, {x.data(), out.permuted.data()});
   if (T == 0 && R == 0) return;
-  if (vb == 16 && row_bytes > 0) {
+  // MOE_DISPATCH_ROWS=lsu: dispatch_rows_kernel on 16-byte rows too (lsu_setting).
+  if (vb == 16 && row_bytes > 0 && !lsu_setting("MOE_DISPATCH_ROWS")) {
     // Rows of 16-byte vectors: the bulk-copy kernel, one CTA an SM (its rings take 144 KB of
     // shared memory; the attribute is set once a process). Chunks of at most kDispChunk bytes,
     // as equal as 16-byte multiples allow.

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -568,6 +569,51 @@ TEST(DispatchGpuRegression, CombineForwardSlotGroupsAndChunksSumInSlotOrder) {
       EXPECT_TRUE(rows_bitwise_equal(a, t, b, t)) << moe::dtype_name(d) << " token " << t;
     }
   }
+}
+
+// MOE_DISPATCH_ROWS=lsu and MOE_GATHER_SUM=lsu swap the dispatch forward's and the combine
+// forward's bulk-copy kernels for their twins of ordinary stores (scripts/gpu_sanitize.sh sets
+// both for initcheck, which does not see bulk-copy stores): every output of every named case of
+// both ops bitwise equal under bulk and lsu, padding and tail rows included (outputs poisoned
+// first by the registry's GPU run), some of them with 16-byte rows (the bulk kernels' rows); a
+// value other than bulk or lsu names the variable where a bulk kernel would take the rows.
+TEST(DispatchGpuKnobs, LsuTwinsOfTheBulkKernelsGiveTheSameBits) {
+  REQUIRE_GPU();
+  struct Env {
+    const char* name;
+    explicit Env(const char* n) : name(n) { unsetenv(name); }
+    ~Env() { unsetenv(name); }
+    void set(const char* v) const { setenv(name, v, 1); }
+  };
+  int wide = 0;
+  for (const char* op_name : {"token_dispatch", "token_combine"}) {
+    const OpInfo& op = op_of(op_name);
+    const Env env(std::strcmp(op_name, "token_dispatch") == 0 ? "MOE_DISPATCH_ROWS"
+                                                              : "MOE_GATHER_SUM");
+    for (const Case& c : op.named()) {
+      const TensorMap in = op.make_inputs(c);
+      const bool rows16 =
+          c.i("H") * static_cast<int64_t>(moe::dtype_size(c.dtype)) % 16 == 0 && c.i("T") > 0;
+      wide += rows16;
+      env.set("bulk");
+      const TensorMap bulk = op.gpu(c, in);
+      env.set("lsu");
+      const TensorMap lsu = op.gpu(c, in);
+      ASSERT_EQ(bulk.size(), lsu.size()) << moe::ops::replay_line(c, "gpu");
+      for (const auto& [key, t] : bulk) {
+        ASSERT_EQ(lsu.count(key), 1u) << key;
+        EXPECT_TRUE(t.bitwise_equal(lsu.at(key)))
+            << env.name << ": " << key << " differs, " << moe::ops::replay_line(c, "gpu");
+      }
+      if (rows16) {  // the knob is read where a bulk kernel would take the rows
+        env.set("ldg");
+        EXPECT_THAT(message_of([&] { op.gpu(c, in); }),
+                    HasSubstr(std::string(env.name) + ": expected bulk or lsu, got 'ldg'"))
+            << moe::ops::replay_line(c, "gpu");
+      }
+    }
+  }
+  EXPECT_GE(wide, 4) << "too few named cases with 16-byte rows";
 }
 
 TEST(DispatchGpuRegression, R14_OneMapAndTheTwoMapForm) {
