@@ -1501,9 +1501,9 @@ void grouped_products(GemmRole role, const GroupPlan& plan, DType ab, const void
   const GemmImpl impl = resolve_gemm_impl(o.impl, role, plan, c_type == ab && !accumulate);
   trace_product(bc.size() > 1 ? "products" : "product", role, plan, K, N, impl);
   // wgrad writes every group's c_g, an empty group's as exactly 0 [DECISION]: one memset per run
-  // of empty groups, before any path (no kernel or cuBLAS call is asked to write them). In the
-  // sm90 kernel's table instead, their zeros cost more than the memsets at the power limit
-  // (docs/experiments/wgrad-zero-tiles.patch; docs/perf.md, session 46).
+  // of empty groups, before any path (no kernel or cuBLAS call is asked to write them). As zero
+  // tiles in the sm90 kernel's table they made the DeepSeek-like block 2.4% slower, and no faster
+  // placed last (docs/experiments/wgrad-zero-tiles.patch; docs/perf.md, session 46).
   if (!accumulate && role == GemmRole::wgrad) {
     for (const auto& bc_i : bc) zero_empty_groups(plan, bc_i.second, K * N, dtype_size(c_type), s);
   }

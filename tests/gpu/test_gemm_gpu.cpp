@@ -2683,8 +2683,6 @@ TEST(GemmBench, HostTimeOfOneCall) {
   }
 }
 
-// read_group_plan copies the sizes through a pinned upload slot: both index types, repeated calls
-// (the slot reused), no groups, and a bad dtype naming group_sizes.
 // A wgrad over no rows is c = 0, on every path: dense_gemm's one-group plan of 0 rows (GemmImpl::
 // loop) left c as it was until grouped_product took over zeroing wgrad's empty groups (session 46).
 TEST(GemmGpuEdges, WgradOverNoRowsWritesZeros) {
@@ -2700,6 +2698,8 @@ TEST(GemmGpuEdges, WgradOverNoRowsWritesZeros) {
   EXPECT_EQ(nonzero, 0) << "elements of a wgrad over no rows are not 0";
 }
 
+// read_group_plan copies the sizes through a pinned upload slot: both index types, repeated calls
+// (the slot reused), no groups, and a bad dtype naming group_sizes.
 TEST(GroupPlanGpu, ReadBackOfInt32AndInt64SizesGivesTheHostPlan) {
   MOE_SKIP_WITHOUT_GPU();
   const std::vector<int64_t> sizes = {3, 0, 17, 1, 0, 40, 2};
