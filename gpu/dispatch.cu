@@ -4,8 +4,6 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdlib>
-#include <cstring>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -24,17 +22,14 @@ constexpr int kSlotCap = 256;  // slots staged in shared memory; later ones are 
 constexpr unsigned kFull = 0xffffffffu;
 
 // A knob that swaps a bulk-copy kernel (rows written by cp.async.bulk from shared memory) for its
-// twin of ordinary stores, same bits: unset, empty or `bulk` the former, `lsu` the latter; any
-// other value throws std::invalid_argument naming the variable. Read on every call (tests flip it).
-// Same-run A/Bs use it, and scripts/gpu_sanitize.sh sets it for initcheck, which does not see
+// twin of ordinary stores, same bits: unset, empty or `bulk` the former, `lsu` the latter
+// (two_way_setting: any other value throws naming the variable). Read on every call (tests flip
+// it). Same-run A/Bs use it, and scripts/gpu_sanitize.sh sets it for initcheck, which does not see
 // global memory written by bulk copies: every element such a copy wrote reads as uninitialized
 // (docs/experiments/bulk-initcheck-probe.cu, session 46), so without it the block family reported
 // 2016 false uninitialized reads where the EP all-to-all and gather_shards read those rows.
 bool lsu_setting(const char* name) {
-  const char* e = std::getenv(name);
-  if (!e || !*e || std::strcmp(e, "bulk") == 0) return false;
-  if (std::strcmp(e, "lsu") == 0) return true;
-  throw std::invalid_argument(std::string(name) + ": expected bulk or lsu, got '" + e + "'");
+  return !two_way_setting(name, "bulk", "lsu");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1931,18 +1931,6 @@ L2Hints l2_hints_setting() {
   return h;
 }
 
-namespace {
-// A two-way benchmark knob: unset, empty or `on` true, `off` false; anything else throws
-// std::invalid_argument naming the variable and its value.
-bool two_way_setting(const char* name, const char* on, const char* off) {
-  const char* e = std::getenv(name);
-  if (!e || !*e || std::strcmp(e, on) == 0) return true;
-  if (std::strcmp(e, off) == 0) return false;
-  throw std::invalid_argument(std::string(name) + ": expected " + on + " or " + off + ", got '" +
-                              e + "'");
-}
-}  // namespace
-
 bool wide_store_setting() {
   return two_way_setting("MOE_SM90_STORE", "wide", "plain");
 }

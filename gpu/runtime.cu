@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "gpu/device_util.cuh"
@@ -198,6 +199,14 @@ void keep_pool_memory() {
 
 void release_buffer_cache() noexcept {
   BufferCache::get().release_all();
+}
+
+bool two_way_setting(const char* name, const char* on, const char* off) {
+  const char* e = std::getenv(name);
+  if (!e || !*e || std::strcmp(e, on) == 0) return true;
+  if (std::strcmp(e, off) == 0) return false;
+  throw std::invalid_argument(std::string(name) + ": expected " + on + " or " + off + ", got '" +
+                              e + "'");
 }
 
 void* malloc_async(size_t bytes, Stream s) {

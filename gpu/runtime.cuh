@@ -79,6 +79,9 @@ void release_buffer_cache() noexcept;
 // cudaMallocAsync on s that, when the device is out of memory, empties that cache and tries once
 // more (the cache may hold what a stream-ordered allocation needs). Throws on failure.
 void* malloc_async(size_t bytes, Stream s);
+// A two-way environment knob (benchmark and sanitizer switches): unset, empty or `on` true, `off`
+// false; anything else throws std::invalid_argument naming the variable and its value.
+bool two_way_setting(const char* name, const char* on, const char* off);
 
 // Device-side error flag for data-dependent faults (SPEC §0 error policy 2). Kernels record the
 // first fault with atomicCAS (code, then up to two values); read() synchronises and returns it.

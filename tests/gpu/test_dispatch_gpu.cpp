@@ -33,6 +33,7 @@
 #include "harness/ops/perm_family.h"
 #include "harness/ops/registry.h"
 #include "reference/dispatch.h"
+#include "tests/gpu/scoped_env.h"
 
 namespace {
 
@@ -579,17 +580,11 @@ TEST(DispatchGpuRegression, CombineForwardSlotGroupsAndChunksSumInSlotOrder) {
 // value other than bulk or lsu names the variable where a bulk kernel would take the rows.
 TEST(DispatchGpuKnobs, LsuTwinsOfTheBulkKernelsGiveTheSameBits) {
   REQUIRE_GPU();
-  struct Env {
-    const char* name;
-    explicit Env(const char* n) : name(n) { unsetenv(name); }
-    ~Env() { unsetenv(name); }
-    void set(const char* v) const { setenv(name, v, 1); }
-  };
   int wide = 0;
   for (const char* op_name : {"token_dispatch", "token_combine"}) {
     const OpInfo& op = op_of(op_name);
-    const Env env(std::strcmp(op_name, "token_dispatch") == 0 ? "MOE_DISPATCH_ROWS"
-                                                              : "MOE_GATHER_SUM");
+    const ScopedEnv env(std::strcmp(op_name, "token_dispatch") == 0 ? "MOE_DISPATCH_ROWS"
+                                                                    : "MOE_GATHER_SUM");
     for (const Case& c : op.named()) {
       const TensorMap in = op.make_inputs(c);
       const bool rows16 =
@@ -603,12 +598,12 @@ TEST(DispatchGpuKnobs, LsuTwinsOfTheBulkKernelsGiveTheSameBits) {
       for (const auto& [key, t] : bulk) {
         ASSERT_EQ(lsu.count(key), 1u) << key;
         EXPECT_TRUE(t.bitwise_equal(lsu.at(key)))
-            << env.name << ": " << key << " differs, " << moe::ops::replay_line(c, "gpu");
+            << env.name() << ": " << key << " differs, " << moe::ops::replay_line(c, "gpu");
       }
       if (rows16) {  // the knob is read where a bulk kernel would take the rows
         env.set("ldg");
         EXPECT_THAT(message_of([&] { op.gpu(c, in); }),
-                    HasSubstr(std::string(env.name) + ": expected bulk or lsu, got 'ldg'"))
+                    HasSubstr(std::string(env.name()) + ": expected bulk or lsu, got 'ldg'"))
             << moe::ops::replay_line(c, "gpu");
       }
     }

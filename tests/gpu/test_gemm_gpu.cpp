@@ -48,6 +48,7 @@
 #include "harness/ops/registry.h"
 #include "reference/grouped_gemm.h"
 #include "reference/swiglu_ffn.h"
+#include "tests/gpu/scoped_env.h"
 
 #ifdef MOE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -535,28 +536,6 @@ gpu::DeviceTensor dev_sizes(const std::vector<int64_t>& v) {
   for (size_t i = 0; i < v.size(); ++i) t.set(static_cast<int64_t>(i), static_cast<double>(v[i]));
   return gpu::DeviceTensor::upload(t);
 }
-
-// Sets or (null) unsets one environment variable for its scope; restores the value it found.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const char* name) : name_(name) {
-    if (const char* v = std::getenv(name)) prev_ = v;
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ~ScopedEnv() { set(prev_ ? prev_->c_str() : nullptr); }
-  void set(const char* v) const {
-    if (v) {
-      setenv(name_, v, 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> prev_;
-};
 
 // The parse of a two-way sm90 knob: unset, empty and `on` read true, `off` false; `bad` throws
 // std::invalid_argument naming the variable and the value.
@@ -2263,12 +2242,11 @@ TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
 TEST(Sm90GemmGpu, WgradWritesTheEmptyGroupsZerosOnEveryKernel) {
   MOE_SKIP_WITHOUT_SM90();
   const std::vector<int64_t> sizes = {0, 70, 0, 0, 0, 130, 5, 0, 300, 64, 0, 190, 0};
-  int64_t used = 0;
-  for (int64_t v : sizes) used += v;
-  const int64_t R = used + 9, K = 328, N = 520, G = static_cast<int64_t>(sizes.size());
-  const gpu::GroupPlan plan = gpu::make_group_plan(sizes, R);
-  const gpu::DeviceTensor x = inf_past(filled({R, K}, kSeedX), used);
-  const gpu::DeviceTensor ct = inf_past(filled({R, N}, kSeedCt), used);
+  const int64_t K = 328, N = 520;
+  const Operands op = operands(sizes, 9, K, N);
+  const int64_t used = op.used, R = op.R, G = op.G;
+  const gpu::GroupPlan& plan = op.plan;
+  const gpu::DeviceTensor x = inf_past(op.x, used), ct = inf_past(op.ct, used);
   gpu::GemmOptions o;
   o.impl = gpu::GemmImpl::sm90;
   o.sm90_wgrad = true;
