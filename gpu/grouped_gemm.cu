@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -394,8 +395,70 @@ void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const vo
   }
 }
 
+// MOE_CUBLAS_PREFILL=zero (scripts/gpu_sanitize.sh sets it under initcheck only; default off).
+// initcheck does not see what cuBLAS stores (docs/experiments/cublas-initcheck-probe.cu), so it
+// would report every read of a cuBLAS output: of the fp32 accumulators, of chunked's slabs. Under
+// the knob the bytes a cuBLAS call is about to overwrite (each product's C, beta = 0) are zeroed
+// first on its stream, so initcheck counts them as written, while bytes no call writes still read
+// as uninitialised. Same bits either way (GemmGpuKnobs.CublasPrefillGivesTheSameBits). NVTX marks
+// are the tool's own way, but in the library they took no effect (initcheck-marks.patch there).
+bool prefill_setting() {
+  return gemm_detail::cublas_prefill_setting();
+}
+
+struct ByteRange {
+  void* p;
+  size_t n;
+};
+
+size_t cuda_type_size(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F:
+      return 4;
+    case CUDA_R_16F:
+    case CUDA_R_16BF:
+      return 2;
+    default:
+      throw std::logic_error("cuda_type_size: unexpected cudaDataType_t");
+  }
+}
+
+// The bytes product p writes: its column-major C, m elements in each of its n columns, ldc apart.
+void add_written(const Problem& p, cudaDataType_t tc, std::vector<ByteRange>& out) {
+  const size_t es = cuda_type_size(tc);
+  const size_t col = static_cast<size_t>(p.m) * es, ld = static_cast<size_t>(p.ldc) * es;
+  if (p.ldc == p.m) {
+    out.push_back({p.c, col * static_cast<size_t>(p.n)});
+    return;
+  }
+  for (int j = 0; j < p.n; ++j) out.push_back({static_cast<char*>(p.c) + j * ld, col});
+}
+
+// Zeroes the ranges on s: one memset per run of overlapping or touching ranges (chunked's entries
+// tile whole groups), never a byte between two ranges.
+void prefill(std::vector<ByteRange> r, Stream s) {
+  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  std::sort(r.begin(), r.end(),
+            [&](const ByteRange& a, const ByteRange& b) { return at(a.p) < at(b.p); });
+  for (size_t i = 0; i < r.size();) {
+    const uintptr_t lo = at(r[i].p);
+    uintptr_t hi = lo + r[i].n;
+    size_t j = i + 1;
+    for (; j < r.size() && at(r[j].p) <= hi; ++j) hi = std::max(hi, at(r[j].p) + r[j].n);
+    if (hi > lo) MOE_CUDA_CHECK(cudaMemsetAsync(r[i].p, 0, hi - lo, s));
+    i = j;
+  }
+}
+
 void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc,
              float beta) {
+  if (beta == 0.0f && prefill_setting()) {
+    cudaStream_t s = nullptr;
+    MOE_CUBLAS_CHECK(cublasGetStream(h, &s));
+    std::vector<ByteRange> r;
+    add_written(p, tc, r);
+    prefill(std::move(r), s);
+  }
   const float alpha = 1.0f;
   MOE_CUBLAS_CHECK(cublasGemmEx(h, p.ta, p.tb, p.m, p.n, p.k, &alpha, p.a, tab, p.lda, p.b, tab,
                                 p.ldb, &beta, p.c, tc, p.ldc, CUBLAS_COMPUTE_32F,
@@ -458,6 +521,11 @@ void run_grouped(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataTyp
   MOE_CUDA_CHECK(cudaMemcpyAsync(dptrs.get(), ptrs.data(), ptrs.size() * sizeof(void*),
                                  cudaMemcpyHostToDevice, s));
   auto** d = dptrs.as<const void*>();
+  if (beta == 0.0f && prefill_setting()) {
+    std::vector<ByteRange> r;
+    for (const Problem& p : ps) add_written(p, tc, r);
+    prefill(std::move(r), s);
+  }
   MOE_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
       blas_for(s), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), d, tab,
       lda.data(), d + P, tab, ldb.data(), betas.data(), const_cast<void* const*>(d + 2 * P), tc,
@@ -782,6 +850,12 @@ void run_chunked(GemmRole role, const GroupPlan& plan, size_t es_ab, const void*
   if (accumulate) copy_rows(d_recs, Q, C, c_row, false, s);
   auto** dp = reinterpret_cast<const void**>(slot.dev);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (!accumulate && prefill_setting()) {  // each entry writes C rows of c_w elements, whole
+    std::vector<ByteRange> r(static_cast<size_t>(P));
+    for (int64_t j = 0; j < P; ++j)
+      r[j] = {const_cast<void*>(hp[2 * P + j]), static_cast<size_t>(C * c_row)};
+    prefill(std::move(r), s);
+  }
   // One call (more only past the 65535 batch entries a grid's z dimension holds).
   constexpr int64_t kMaxBatch = 65535;
   for (int64_t at = 0; at < P; at += kMaxBatch) {
@@ -1200,6 +1274,12 @@ void run_wgrad_batched(const GroupPlan& plan, size_t es_ab, const void* a,
                     st>>>(d_recs);
   check_launch();
   auto** dp = reinterpret_cast<const void**>(slot.dev);
+  if (beta == 0.0f && prefill_setting()) {  // each entry writes its group's whole [K, N] c
+    std::vector<ByteRange> r(e);
+    for (size_t j = 0; j < e; ++j)
+      r[j] = {const_cast<void*>(hp[2 * entries + j]), static_cast<size_t>(K * N) * es_c};
+    prefill(std::move(r), st);
+  }
   const float alpha = 1.0f;
   for (size_t i = 0; i < calls.size(); ++i) {
     const int64_t kc = calls[i].first;
@@ -1690,6 +1770,10 @@ int64_t sm90_kernel_calls() {
 
 ResourceCounts resource_counts() {
   return StateRegistry::get().counts();
+}
+
+bool cublas_prefill_setting() {
+  return !two_way_setting("MOE_CUBLAS_PREFILL", "off", "zero");
 }
 
 int64_t chunked_batched_calls() {

@@ -403,6 +403,10 @@ struct ResourceCounts {
   int64_t upload_slots = 0;
 };
 ResourceCounts resource_counts();
+// MOE_CUBLAS_PREFILL: `zero` true (each cuBLAS call's output bytes zeroed just before it, for
+// initcheck: gpu/grouped_gemm.cu says why), unset, empty or `off` false; anything else throws
+// std::invalid_argument naming the variable and its value.
+bool cublas_prefill_setting();
 // Number of batched cuBLAS calls GemmImpl::chunked has issued in this process (tests check that
 // the batched path ran rather than its `streams` fallback).
 int64_t chunked_batched_calls();

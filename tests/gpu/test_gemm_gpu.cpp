@@ -374,6 +374,38 @@ TEST(ChunkedGemmGpu, SmallChunksMatchTheReference) {
   }
 }
 
+// MOE_CUBLAS_PREFILL=zero (scripts/gpu_sanitize.sh sets it under initcheck) zeroes the bytes each
+// cuBLAS call is about to overwrite: the same bits, forward and backward, on every cuBLAS path,
+// chunked's slabs (partial chunks of 8 rows) and the accumulating products included (off sm90 the
+// FFN's grad_x sums two products in one fp32 buffer: a prefill before the second would drop the
+// first).
+TEST(GemmGpuKnobs, CublasPrefillGivesTheSameBits) {
+  MOE_SKIP_WITHOUT_GPU();
+  const ScopedEnv env("MOE_CUBLAS_PREFILL");
+  for (const char* name : {"grouped_gemm", "swiglu_expert_ffn"}) {
+    const OpInfo& o = *find_op(name);
+    std::vector<Case> cases = o.named();
+    cases.push_back(
+        o.name == "grouped_gemm"
+            ? gemm_case("prefill", DType::bf16, Regime::skewed, 5, 300, 16, 24, 7, true)
+            : ffn_case("prefill", DType::bf16, Regime::skewed, 5, 300, 16, 24, 7, true));
+    for (const char* impl : {"grouped", "loop", "streams", "chunked"}) {
+      for (Case c : cases) {
+        c.set("impl", impl);
+        if (std::string(impl) == "chunked" && c.s("name", "") == "prefill") c.set("chunk_rows", 8);
+        const TensorMap in = o.make_inputs(c);
+        env.set("off");
+        const TensorMap off = o.gpu(c, in);
+        env.set("zero");
+        const TensorMap zero = o.gpu(c, in);
+        ASSERT_EQ(off.size(), zero.size()) << c.line();
+        const auto bad = bitwise_differences(off, zero);
+        EXPECT_TRUE(bad.empty()) << impl << ": " << c.line() << "\n" << joined(bad);
+      }
+    }
+  }
+}
+
 // Plans with groups above 1024 rows: chunked runs those as single products on forked streams
 // beside the batched call of the small groups (fwd, dgrad) and the padded batched wgrad.
 TEST(ChunkedGemmGpu, LargeAndSmallGroupsTogetherMatchTheReference) {
@@ -653,6 +685,21 @@ TEST(GemmImplDefault, Sm90NarrowVariableIsParsedAndABadValueNamesIt) {
 // AndTheStreamingKernel runs both settings).
 TEST(GemmImplDefault, Sm90WgradPanelVariableIsParsedAndABadValueNamesIt) {
   expect_two_way_knob("MOE_SM90_WGRAD_PANEL", gpu::sm90::wgrad_panel_setting, "auto", "off", "on");
+}
+
+// MOE_CUBLAS_PREFILL's parse, off by default (host only; the products:
+// GemmGpuKnobs.CublasPrefillGivesTheSameBits).
+TEST(GemmImplDefault, CublasPrefillVariableIsParsedAndABadValueNamesIt) {
+  const ScopedEnv env("MOE_CUBLAS_PREFILL");
+  for (const char* v : {static_cast<const char*>(nullptr), "", "off"}) {
+    env.set(v);
+    EXPECT_FALSE(gpu::gemm_detail::cublas_prefill_setting()) << "=" << (v ? v : "(unset)");
+  }
+  env.set("zero");
+  EXPECT_TRUE(gpu::gemm_detail::cublas_prefill_setting());
+  env.set("on");
+  const std::string e = error_of([] { gpu::gemm_detail::cublas_prefill_setting(); });
+  EXPECT_THAT(e, ::testing::HasSubstr("MOE_CUBLAS_PREFILL: expected off or zero, got 'on'"));
 }
 
 TEST(GemmImplDefault, Sm90HintsVariableIsParsedAndABadValueNamesIt) {
