@@ -21,7 +21,8 @@
 # memory), the 100k-row aux-loss test, the benchmarks and the fill-the-GPU determinism suite
 # (GpuDeterminism: the sanitizers check every kernel and launch path, not sizes; rapidcheck runs
 # a few small cases per property). SANITIZE_FILTER and SANITIZE_RC_PARAMS override the filter and
-# rapidcheck's parameters.
+# rapidcheck's parameters; SANITIZE_PRINT_LIMIT the reports printed in full (20; the summary line
+# counts all). On a failure it lists where the printed reports point, by kernel, counted.
 #
 # BUILD_DIR defaults to build-gpu (it must hold moe_gpu_tests); logs go to LOG_DIR (default
 # BUILD_DIR/sanitize-FAMILY). Without a GPU or compute-sanitizer it exits 2, or the --skip-code
@@ -37,7 +38,7 @@ while [[ $# -gt 0 ]]; do
     --family) family=$2; shift 2 ;;
     --tools) tools=$2; shift 2 ;;
     --skip-code) skip_code=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) pos+=("$1"); shift ;;
   esac
 done
@@ -124,7 +125,7 @@ mkdir -p "$logs"
 
 status=0
 for tool in ${tools//,/ }; do
-  args=(--tool "$tool" --error-exitcode 86 --print-limit 20)
+  args=(--tool "$tool" --error-exitcode 86 --print-limit "${SANITIZE_PRINT_LIMIT:-20}")
   [[ $tool == memcheck ]] && args+=(--leak-check full)
   # initcheck does not see global memory written by bulk copies (cp.async.bulk from shared memory:
   # docs/experiments/bulk-initcheck-probe.cu), so the rows the dispatch and combine forwards'
@@ -156,6 +157,9 @@ for tool in ${tools//,/ }; do
     unfinished=$(awk '/^\[ RUN      \]/ { t = $4 } /^\[ +(OK|FAILED) +\]/ { if ($4 == t) t = "" }
                       END { print t }' "$log")
     [[ -n $unfinished ]] && echo "$family/$tool: the test binary ended during $unfinished"
+    echo "$family/$tool: the printed reports by kernel:"
+    grep -E "^=========     at " "$log" | sed -E 's/^=========     at //; s/\+0x[0-9a-f]+//' |
+      sort | uniq -c | sort -rn | head -10
     grep -E "^=========" "$log" | head -40
     grep -E "^\[  FAILED  \]" "$log" | head -20
   fi
