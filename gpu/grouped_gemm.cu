@@ -401,7 +401,7 @@ void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const vo
 // the knob the bytes a cuBLAS call is about to overwrite (each product's C, beta = 0) are zeroed
 // first on its stream, so initcheck counts them as written, while bytes no call writes still read
 // as uninitialised. Same bits either way (GemmGpuKnobs.CublasPrefillGivesTheSameBits). NVTX marks
-// are the tool's own way, but in the library they took no effect (initcheck-marks.patch there).
+// are the tool's own way, but here they took no effect (docs/experiments/initcheck-marks.patch).
 bool prefill_setting() {
   return gemm_detail::cublas_prefill_setting();
 }
