@@ -434,6 +434,8 @@ void add_written(const Problem& p, cudaDataType_t tc, std::vector<ByteRange>& ou
   for (int j = 0; j < p.n; ++j) out.push_back({static_cast<char*>(p.c) + j * ld, col});
 }
 
+std::atomic<int64_t> g_prefill_memsets{0};
+
 // Zeroes the ranges on s: one memset per run of overlapping or touching ranges (chunked's entries
 // tile whole groups), never a byte between two ranges.
 void prefill(std::vector<ByteRange> r, Stream s) {
@@ -445,7 +447,10 @@ void prefill(std::vector<ByteRange> r, Stream s) {
     uintptr_t hi = lo + r[i].n;
     size_t j = i + 1;
     for (; j < r.size() && at(r[j].p) <= hi; ++j) hi = std::max(hi, at(r[j].p) + r[j].n);
-    if (hi > lo) MOE_CUDA_CHECK(cudaMemsetAsync(r[i].p, 0, hi - lo, s));
+    if (hi > lo) {
+      MOE_CUDA_CHECK(cudaMemsetAsync(r[i].p, 0, hi - lo, s));
+      g_prefill_memsets.fetch_add(1, std::memory_order_relaxed);
+    }
     i = j;
   }
 }
@@ -1774,6 +1779,10 @@ ResourceCounts resource_counts() {
 
 bool cublas_prefill_setting() {
   return !two_way_setting("MOE_CUBLAS_PREFILL", "off", "zero");
+}
+
+int64_t cublas_prefill_memsets() {
+  return g_prefill_memsets.load(std::memory_order_relaxed);
 }
 
 int64_t chunked_batched_calls() {

@@ -407,6 +407,8 @@ ResourceCounts resource_counts();
 // initcheck: gpu/grouped_gemm.cu says why), unset, empty or `off` false; anything else throws
 // std::invalid_argument naming the variable and its value.
 bool cublas_prefill_setting();
+// Number of memsets that setting has issued in this process (tests check the knob takes effect).
+int64_t cublas_prefill_memsets();
 // Number of batched cuBLAS calls GemmImpl::chunked has issued in this process (tests check that
 // the batched path ran rather than its `streams` fallback).
 int64_t chunked_batched_calls();

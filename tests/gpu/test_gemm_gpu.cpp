@@ -390,18 +390,23 @@ TEST(GemmGpuKnobs, CublasPrefillGivesTheSameBits) {
             ? gemm_case("prefill", DType::bf16, Regime::skewed, 5, 300, 16, 24, 7, true)
             : ffn_case("prefill", DType::bf16, Regime::skewed, 5, 300, 16, 24, 7, true));
     for (const char* impl : {"grouped", "loop", "streams", "chunked"}) {
+      int64_t fills = 0;  // the knob must take effect, not only leave the bits alone
       for (Case c : cases) {
         c.set("impl", impl);
         if (std::string(impl) == "chunked" && c.s("name", "") == "prefill") c.set("chunk_rows", 8);
         const TensorMap in = o.make_inputs(c);
         env.set("off");
+        const int64_t before = gpu::gemm_detail::cublas_prefill_memsets();
         const TensorMap off = o.gpu(c, in);
+        EXPECT_EQ(gpu::gemm_detail::cublas_prefill_memsets(), before) << impl << ": " << c.line();
         env.set("zero");
         const TensorMap zero = o.gpu(c, in);
+        fills += gpu::gemm_detail::cublas_prefill_memsets() - before;
         ASSERT_EQ(off.size(), zero.size()) << c.line();
         const auto bad = bitwise_differences(off, zero);
         EXPECT_TRUE(bad.empty()) << impl << ": " << c.line() << "\n" << joined(bad);
       }
+      EXPECT_GT(fills, 0) << name << " [" << impl << "]: MOE_CUBLAS_PREFILL=zero issued no memset";
     }
   }
 }
