@@ -2,7 +2,7 @@
 # racecheck, initcheck and synccheck over the GPU tests of every GPU op, one ctest per family of
 # ops and tool (scripts/gpu_sanitize.sh says what each family runs), with MOE_GPU_NO_CACHE=1.
 #
-#   ctest --test-dir build -L sanitize            # all 16 (GPU machine; about 10-30 min)
+#   ctest --test-dir build -L sanitize            # all 17 (GPU machine; about 10-30 min)
 #   ctest --test-dir build -L sanitize -R block   # one family
 #
 # Not in the default labels: scripts/test.sh must exclude it (-LE 'fuzz|multi_gpu|sanitize').
@@ -13,6 +13,14 @@
 if(NOT MOE_WITH_CUDA OR NOT TARGET moe_gpu_tests)
   return()
 endif()
+
+# What initcheck does not see on this machine (bulk copies, TMA stores, cuBLAS): the probes whose
+# findings gpu_sanitize.sh's initcheck knobs stand in for (scripts/initcheck_probes.sh).
+add_test(NAME sanitize_initcheck_probes
+         COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/initcheck_probes.sh --skip-code 77
+                 ${PROJECT_BINARY_DIR}/sanitize/initcheck_probes)
+set_tests_properties(sanitize_initcheck_probes PROPERTIES LABELS sanitize SKIP_RETURN_CODE 77
+                     TIMEOUT 600)
 
 foreach(moe_san_family router dispatch gemm block)
   foreach(moe_san_tool memcheck racecheck initcheck synccheck)
