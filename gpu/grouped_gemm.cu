@@ -402,10 +402,6 @@ void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const vo
 // first on its stream, so initcheck counts them as written, while bytes no call writes still read
 // as uninitialised. Same bits either way (GemmGpuKnobs.CublasPrefillGivesTheSameBits). NVTX marks
 // are the tool's own way, but here they took no effect (docs/experiments/initcheck-marks.patch).
-bool prefill_setting() {
-  return gemm_detail::cublas_prefill_setting();
-}
-
 struct ByteRange {
   void* p;
   size_t n;
@@ -457,7 +453,7 @@ void prefill(std::vector<ByteRange> r, Stream s) {
 
 void gemm_ex(cublasHandle_t h, const Problem& p, cudaDataType_t tab, cudaDataType_t tc,
              float beta) {
-  if (beta == 0.0f && prefill_setting()) {
+  if (beta == 0.0f && gemm_detail::cublas_prefill_setting()) {
     cudaStream_t s = nullptr;
     MOE_CUBLAS_CHECK(cublasGetStream(h, &s));
     std::vector<ByteRange> r;
@@ -526,7 +522,7 @@ void run_grouped(const std::vector<Problem>& ps, cudaDataType_t tab, cudaDataTyp
   MOE_CUDA_CHECK(cudaMemcpyAsync(dptrs.get(), ptrs.data(), ptrs.size() * sizeof(void*),
                                  cudaMemcpyHostToDevice, s));
   auto** d = dptrs.as<const void*>();
-  if (beta == 0.0f && prefill_setting()) {
+  if (beta == 0.0f && gemm_detail::cublas_prefill_setting()) {
     std::vector<ByteRange> r;
     for (const Problem& p : ps) add_written(p, tc, r);
     prefill(std::move(r), s);
@@ -855,7 +851,8 @@ void run_chunked(GemmRole role, const GroupPlan& plan, size_t es_ab, const void*
   if (accumulate) copy_rows(d_recs, Q, C, c_row, false, s);
   auto** dp = reinterpret_cast<const void**>(slot.dev);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  if (!accumulate && prefill_setting()) {  // each entry writes C rows of c_w elements, whole
+  // Each entry writes C rows of c_w elements, whole.
+  if (!accumulate && gemm_detail::cublas_prefill_setting()) {
     std::vector<ByteRange> r(static_cast<size_t>(P));
     for (int64_t j = 0; j < P; ++j)
       r[j] = {const_cast<void*>(hp[2 * P + j]), static_cast<size_t>(C * c_row)};
@@ -1279,7 +1276,8 @@ void run_wgrad_batched(const GroupPlan& plan, size_t es_ab, const void* a,
                     st>>>(d_recs);
   check_launch();
   auto** dp = reinterpret_cast<const void**>(slot.dev);
-  if (beta == 0.0f && prefill_setting()) {  // each entry writes its group's whole [K, N] c
+  // Each entry writes its group's whole [K, N] c.
+  if (beta == 0.0f && gemm_detail::cublas_prefill_setting()) {
     std::vector<ByteRange> r(e);
     for (size_t j = 0; j < e; ++j)
       r[j] = {const_cast<void*>(hp[2 * entries + j]), static_cast<size_t>(K * N) * es_c};
