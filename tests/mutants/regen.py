@@ -588,6 +588,11 @@ M = [
      "",
      "grouped_product's wgrad (session 46: it, not its callers, zeroes the empty groups) leaves an "
      "empty expert's weight gradient as it was (poison in the tests, stale memory in the block)"),
+    ("114", "chunked_prefill_when_accumulating", "missing-accumulation", "gpu/grouped_gemm.cu", 1,
+     "  if (!accumulate && gemm_detail::cublas_prefill_setting()) {\n",
+     "  if (gemm_detail::cublas_prefill_setting()) {\n",
+     "chunked's initcheck prefill (MOE_CUBLAS_PREFILL=zero) also zeroes the slabs of an "
+     "accumulating product, after the old output was copied in (the sum loses its addend)"),
 ]
 
 
