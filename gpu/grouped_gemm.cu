@@ -432,8 +432,10 @@ void add_written(const Problem& p, cudaDataType_t tc, std::vector<ByteRange>& ou
 
 std::atomic<int64_t> g_prefill_memsets{0};
 
-// Zeroes the ranges on s: one memset per run of overlapping or touching ranges (chunked's entries
-// tile whole groups), never a byte between two ranges.
+// Zeroes the ranges on s: one memset per run of overlapping ranges, never a byte between two.
+// Ranges that only touch get a memset each: they may lie in two allocations (small cudaMallocs
+// and a pool's blocks sit side by side), and one memset across an allocation's end is
+// cudaErrorInvalidValue (session 48, H200). Overlapping ranges share a byte, so one allocation.
 void prefill(std::vector<ByteRange> r, Stream s) {
   const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
   std::sort(r.begin(), r.end(),
@@ -442,7 +444,7 @@ void prefill(std::vector<ByteRange> r, Stream s) {
     const uintptr_t lo = at(r[i].p);
     uintptr_t hi = lo + r[i].n;
     size_t j = i + 1;
-    for (; j < r.size() && at(r[j].p) <= hi; ++j) hi = std::max(hi, at(r[j].p) + r[j].n);
+    for (; j < r.size() && at(r[j].p) < hi; ++j) hi = std::max(hi, at(r[j].p) + r[j].n);
     if (hi > lo) {
       MOE_CUDA_CHECK(cudaMemsetAsync(r[i].p, 0, hi - lo, s));
       g_prefill_memsets.fetch_add(1, std::memory_order_relaxed);

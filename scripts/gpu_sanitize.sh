@@ -136,8 +136,13 @@ for tool in ${tools//,/ }; do
   # element of C), so the fp32 accumulators and chunked's slabs would read as uninitialised (the
   # gemm family: 810,490 false reports, session 47): MOE_CUBLAS_PREFILL=zero zeroes exactly the
   # bytes each cuBLAS call overwrites just before it (same bits: GemmGpuKnobs).
+  # Nor TMA tensor stores (docs/experiments/tma-store-initcheck-probe.cu: 4095 reports, session 48,
+  # H200), so the sm90 kernels' TMA epilogues give way to their warps' stores (row products: same
+  # bits, Sm90GemmGpu.RowTmaEpilogueMatchesTheWarpStoresBitwise; wgrad: against fp64 sums,
+  # Sm90GemmGpu.WgradWritesTheEmptyGroupsZerosOnEveryKernel).
   knobs=()
-  [[ $tool == initcheck ]] && knobs=(MOE_DISPATCH_ROWS=lsu MOE_GATHER_SUM=lsu MOE_CUBLAS_PREFILL=zero)
+  [[ $tool == initcheck ]] && knobs=(MOE_DISPATCH_ROWS=lsu MOE_GATHER_SUM=lsu MOE_CUBLAS_PREFILL=zero
+    MOE_SM90_ROW_STORE=sync MOE_SM90_WGRAD_STORE=sync)
   log="$logs/$tool.log"
   start=$(date +%s)
   env "${knobs[@]}" "$sanitizer" "${args[@]}" "$bin" --gtest_filter="$filter" >"$log" 2>&1

@@ -3,8 +3,9 @@
 # docs/experiments (bulk copies, TMA tensor stores, cuBLAS with and without NVTX marks) and runs
 # each case under initcheck: one line per case with its report count and whether the probe's own
 # result was right. scripts/gpu_sanitize.sh's initcheck knobs (MOE_DISPATCH_ROWS=lsu,
-# MOE_GATHER_SUM=lsu, MOE_CUBLAS_PREFILL=zero) stand in for the blind spots found; rerun this
-# after a CUDA or driver upgrade to see whether they still must.
+# MOE_GATHER_SUM=lsu, MOE_CUBLAS_PREFILL=zero, MOE_SM90_ROW_STORE=sync, MOE_SM90_WGRAD_STORE=sync)
+# stand in for the blind spots found; rerun this after a CUDA or driver upgrade to see whether
+# they still must.
 #
 #   scripts/initcheck_probes.sh [--skip-code N] [OUT_DIR]     (OUT_DIR default: a temp dir)
 #
@@ -18,7 +19,7 @@ out=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --skip-code) skip_code=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) out=$1; shift ;;
   esac
 done
