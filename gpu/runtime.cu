@@ -46,6 +46,11 @@ std::string context_error() noexcept {
 
 void check_cuda(int err, const char* what, const char* file, int line) {
   if (err == cudaSuccess) return;
+  // A failed call also leaves its error as the thread's last error, which the next launch check
+  // (cudaGetLastError) would report again at an unrelated site, in a later test (session 48: a
+  // memset's cudaErrorInvalidValue, thrown here, came back from two launches afterwards). Clear
+  // it; a sticky error fails every later call anyway.
+  cudaGetLastError();
   throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(cudaError_t(err)) + " (" +
                            cudaGetErrorString(cudaError_t(err)) + ") in " + what + " at " + file +
                            ":" + std::to_string(line));

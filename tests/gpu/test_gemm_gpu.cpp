@@ -908,6 +908,23 @@ TEST(GemmResources, ManyCallerStreamsOnOneThreadStayBounded) {
   for (auto st : live) cudaStreamDestroy(st);
 }
 
+// A failed CUDA call is reported once, where it failed: not again by the next launch check
+// (cudaGetLastError) at an unrelated site (session 48: a memset past its allocation's end, thrown
+// by MOE_CUDA_CHECK, came back from two later tests' launch checks).
+TEST(GpuRuntimeErrors, AFailedCallIsNotReportedAgainByTheNextLaunchCheck) {
+  MOE_SKIP_WITHOUT_GPU();
+  void* p = nullptr;
+  MOE_CUDA_CHECK(cudaMalloc(&p, 512));
+  try {
+    MOE_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t{1} << 30, nullptr));  // 1 GiB into 512 bytes
+    ADD_FAILURE() << "a memset past the allocation's end did not fail";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaMemsetAsync"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the failed call's error is still pending";
+  MOE_CUDA_CHECK(cudaFree(p));
+}
+
 TEST(GemmGpuErrors, NegativeGroupSizeNamesGroupSizes) {
   MOE_SKIP_WITHOUT_GPU();
   const auto x = dev(DType::bf16, {10, 4}), w = dev(DType::bf16, {3, 4, 6});
