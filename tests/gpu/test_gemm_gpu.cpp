@@ -2247,8 +2247,8 @@ TEST(Sm90GemmGpu, WgradMatchesTheFp64SumsEverywhere) {
 // Every element against its fp64 sum, the same bits as grouped_cols_kernel
 // (MOE_SM90_WGRAD_PANEL=off), the launch counted; a group of kPanelRows + 1 rows sends the product
 // to grouped_cols_kernel. The panel exists only with the TMA-store epilogue, so the test sets it
-// (gpu_sanitize.sh's initcheck run turns it off for the other tests; gw is poisoned first, so the
-// tool still sees every byte written).
+// (gpu_sanitize.sh's initcheck run turns it off for the other tests: initcheck does not see TMA
+// stores, but gw is poisoned first, so it never reads a byte as unwritten here).
 TEST(Sm90GemmGpu, WgradPanelMatchesTheFp64SumsAndTheStreamingKernel) {
   MOE_SKIP_WITHOUT_SM90();
   const ScopedEnv store("MOE_SM90_WGRAD_STORE");
