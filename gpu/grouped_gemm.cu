@@ -402,10 +402,7 @@ void build_problems(GemmRole role, const GroupPlan& plan, size_t es_ab, const vo
 // first on its stream, so initcheck counts them as written, while bytes no call writes still read
 // as uninitialised. Same bits either way (GemmGpuKnobs.CublasPrefillGivesTheSameBits). NVTX marks
 // are the tool's own way, but here they took no effect (docs/experiments/initcheck-marks.patch).
-struct ByteRange {
-  void* p;
-  size_t n;
-};
+using gemm_detail::ByteRange;
 
 size_t cuda_type_size(cudaDataType_t t) {
   switch (t) {
@@ -432,24 +429,12 @@ void add_written(const Problem& p, cudaDataType_t tc, std::vector<ByteRange>& ou
 
 std::atomic<int64_t> g_prefill_memsets{0};
 
-// Zeroes the ranges on s: one memset per run of overlapping ranges, never a byte between two.
-// Ranges that only touch get a memset each: they may lie in two allocations (small cudaMallocs
-// and a pool's blocks sit side by side), and one memset across an allocation's end is
-// cudaErrorInvalidValue (session 48, H200). Overlapping ranges share a byte, so one allocation.
+// Zeroes the ranges on s, one memset per run of gemm_detail::prefill_runs, never a byte between
+// two ranges.
 void prefill(std::vector<ByteRange> r, Stream s) {
-  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-  std::sort(r.begin(), r.end(),
-            [&](const ByteRange& a, const ByteRange& b) { return at(a.p) < at(b.p); });
-  for (size_t i = 0; i < r.size();) {
-    const uintptr_t lo = at(r[i].p);
-    uintptr_t hi = lo + r[i].n;
-    size_t j = i + 1;
-    for (; j < r.size() && at(r[j].p) < hi; ++j) hi = std::max(hi, at(r[j].p) + r[j].n);
-    if (hi > lo) {
-      MOE_CUDA_CHECK(cudaMemsetAsync(r[i].p, 0, hi - lo, s));
-      g_prefill_memsets.fetch_add(1, std::memory_order_relaxed);
-    }
-    i = j;
+  for (const ByteRange& run : gemm_detail::prefill_runs(std::move(r))) {
+    MOE_CUDA_CHECK(cudaMemsetAsync(run.p, 0, run.n, s));
+    g_prefill_memsets.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -1783,6 +1768,25 @@ bool cublas_prefill_setting() {
 
 int64_t cublas_prefill_memsets() {
   return g_prefill_memsets.load(std::memory_order_relaxed);
+}
+
+// Overlapping ranges share a byte, so they lie in one allocation and one memset may cover them;
+// touching ones may not (small cudaMallocs and a pool's blocks sit side by side:
+// docs/experiments/memset-span-probe.cu, session 48, H200).
+std::vector<ByteRange> prefill_runs(std::vector<ByteRange> r) {
+  const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  std::sort(r.begin(), r.end(),
+            [&](const ByteRange& a, const ByteRange& b) { return at(a.p) < at(b.p); });
+  std::vector<ByteRange> runs;
+  for (size_t i = 0; i < r.size();) {
+    const uintptr_t lo = at(r[i].p);
+    uintptr_t hi = lo + r[i].n;
+    size_t j = i + 1;
+    for (; j < r.size() && at(r[j].p) < hi; ++j) hi = std::max(hi, at(r[j].p) + r[j].n);
+    if (hi > lo) runs.push_back({r[i].p, static_cast<size_t>(hi - lo)});
+    i = j;
+  }
+  return runs;
 }
 
 int64_t chunked_batched_calls() {

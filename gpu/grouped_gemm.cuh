@@ -409,6 +409,15 @@ ResourceCounts resource_counts();
 bool cublas_prefill_setting();
 // Number of memsets that setting has issued in this process (tests check the knob takes effect).
 int64_t cublas_prefill_memsets();
+// Bytes of device memory from p.
+struct ByteRange {
+  void* p;
+  size_t n;
+};
+// The memsets that setting issues for the ranges one cuBLAS call writes: by address, overlapping
+// ranges joined, empty ones dropped. Ranges that only touch stay apart: they may lie in two
+// allocations, and one memset across an allocation's end is cudaErrorInvalidValue.
+std::vector<ByteRange> prefill_runs(std::vector<ByteRange> r);
 // Number of batched cuBLAS calls GemmImpl::chunked has issued in this process (tests check that
 // the batched path ran rather than its `streams` fallback).
 int64_t chunked_batched_calls();

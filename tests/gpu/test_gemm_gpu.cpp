@@ -694,6 +694,29 @@ TEST(GemmImplDefault, Sm90WgradPanelVariableIsParsedAndABadValueNamesIt) {
 
 // MOE_CUBLAS_PREFILL's parse, off by default (host only; the products:
 // GemmGpuKnobs.CublasPrefillGivesTheSameBits).
+// The prefill's memsets (host only): overlapping ranges joined, touching ones apart (session 48:
+// two outputs that touch were two allocations, and the joined memset was cudaErrorInvalidValue on
+// the H200), a gap never zeroed, empty ranges dropped, any input order.
+TEST(GemmImplDefault, CublasPrefillJoinsOverlapsButNotNeighbours) {
+  using gpu::gemm_detail::ByteRange;
+  static char mem[256];
+  auto at = [](size_t off, size_t n) { return ByteRange{mem + off, n}; };
+  auto runs = [](std::vector<ByteRange> r) {
+    std::vector<std::pair<ptrdiff_t, size_t>> out;
+    for (const ByteRange& x : gpu::gemm_detail::prefill_runs(std::move(r))) {
+      out.emplace_back(static_cast<char*>(x.p) - mem, x.n);
+    }
+    return out;
+  };
+  using R = std::vector<std::pair<ptrdiff_t, size_t>>;
+  EXPECT_EQ(runs({at(16, 16), at(0, 16)}), (R{{0, 16}, {16, 16}})) << "touching";
+  EXPECT_EQ(runs({at(8, 16), at(0, 16)}), (R{{0, 24}})) << "overlapping";
+  EXPECT_EQ(runs({at(0, 32), at(4, 4), at(30, 10)}), (R{{0, 40}})) << "contained, then overlapping";
+  EXPECT_EQ(runs({at(40, 8), at(0, 8)}), (R{{0, 8}, {40, 8}})) << "a gap";
+  EXPECT_EQ(runs({at(100, 0), at(0, 0)}), R{}) << "empty";
+  EXPECT_EQ(runs({}), R{});
+}
+
 TEST(GemmImplDefault, CublasPrefillVariableIsParsedAndABadValueNamesIt) {
   const ScopedEnv env("MOE_CUBLAS_PREFILL");
   for (const char* v : {static_cast<const char*>(nullptr), "", "off"}) {
