@@ -593,6 +593,12 @@ M = [
      "  if (gemm_detail::cublas_prefill_setting()) {\n",
      "chunked's initcheck prefill (MOE_CUBLAS_PREFILL=zero) also zeroes the slabs of an "
      "accumulating product, after the old output was copied in (the sum loses its addend)"),
+    ("115", "prefill_joins_neighbours", "edge-case", "gpu/grouped_gemm.cu", 1,
+     "for (; j < r.size() && at(r[j].p) < hi; ++j)",
+     "for (; j < r.size() && at(r[j].p) <= hi; ++j)",
+     "the initcheck prefill joins touching ranges into one memset, which fails with "
+     "cudaErrorInvalidValue where they lie in two allocations (session 47's bug)"),
+
 ]
 
 
