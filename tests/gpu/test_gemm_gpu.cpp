@@ -692,8 +692,6 @@ TEST(GemmImplDefault, Sm90WgradPanelVariableIsParsedAndABadValueNamesIt) {
   expect_two_way_knob("MOE_SM90_WGRAD_PANEL", gpu::sm90::wgrad_panel_setting, "auto", "off", "on");
 }
 
-// MOE_CUBLAS_PREFILL's parse, off by default (host only; the products:
-// GemmGpuKnobs.CublasPrefillGivesTheSameBits).
 // The prefill's memsets (host only): overlapping ranges joined, touching ones apart (session 48:
 // two outputs that touch were two allocations, and the joined memset was cudaErrorInvalidValue on
 // the H200), a gap never zeroed, empty ranges dropped, any input order.
@@ -717,6 +715,8 @@ TEST(GemmImplDefault, CublasPrefillJoinsOverlapsButNotNeighbours) {
   EXPECT_EQ(runs({}), R{});
 }
 
+// MOE_CUBLAS_PREFILL's parse, off by default (host only; the products:
+// GemmGpuKnobs.CublasPrefillGivesTheSameBits).
 TEST(GemmImplDefault, CublasPrefillVariableIsParsedAndABadValueNamesIt) {
   const ScopedEnv env("MOE_CUBLAS_PREFILL");
   for (const char* v : {static_cast<const char*>(nullptr), "", "off"}) {
