@@ -18,8 +18,9 @@ struct Row {
   std::string op, name, dir, impl, kind, line;
   bool verified = false;
   double median_us = 0, min_us = 0, bytes = 0, flops = 0;
-  double pct_copy = 0;  // memory-bound rows
-  double pct_roof = 0;  // 0: null or absent (a row without a dense rate)
+  double pct_copy = 0;      // memory-bound rows
+  double pct_roof = 0;      // 0: null or absent (a row without a dense rate)
+  double tokens_per_s = 0;  // the block's rows; 0 elsewhere
 };
 
 using Key = std::tuple<std::string, std::string, std::string, std::string>;
@@ -122,6 +123,7 @@ Report read_report(const nlohmann::json& j, const std::string& file) {
     } else {
       row.pct_roof = num_field(e, file, at, "pct_roof", true, true);
     }
+    if (row.kind == "tokens") row.tokens_per_s = num_field(e, file, at, "tokens_per_s", true);
     const auto [it, fresh] = seen.emplace(key_of(row), i);
     if (!fresh) {
       bad(file, at,
@@ -488,6 +490,203 @@ nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptio
     }
     if (!r.why.empty()) e["why"] = r.why;
     j["rows"].push_back(e);
+  }
+  return j;
+}
+
+// ---- bench-targets -------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void bad_target(const std::string& file, const std::string& where,
+                             const std::string& what) {
+  throw BenchFileError(file + ": " + where + ": " + what + " (see `moe-harness bench-targets -h`)");
+}
+
+std::string target_str(const nlohmann::json& e, const std::string& file, const std::string& at,
+                       const char* f, bool optional) {
+  const auto it = e.find(f);
+  if (it == e.end()) {
+    if (optional) return "";
+    bad_target(file, at + "." + f, "missing");
+  }
+  if (!it->is_string() || it->get<std::string>().empty()) {
+    bad_target(file, at + "." + f, "expected a non-empty string, got " + shown(*it));
+  }
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+const char* target_verdict_name(TargetVerdict v) {
+  switch (v) {
+    case TargetVerdict::met:
+      return "MET";
+    case TargetVerdict::missed:
+      return "MISSED";
+    case TargetVerdict::missing:
+      return "MISSING";
+    case TargetVerdict::unverified:
+      return "UNVERIFIED";
+    case TargetVerdict::no_value:
+      return "NO VALUE";
+  }
+  return "?";
+}
+
+BenchTargets read_bench_targets(const nlohmann::json& j, const std::string& file) {
+  if (!j.is_object()) bad_target(file, "top level", "expected an object, got " + shown(j));
+  BenchTargets t;
+  t.title = target_str(j, file, "top level", "title", true);
+  t.device = target_str(j, file, "top level", "device", true);
+  const auto list = j.find("targets");
+  if (list == j.end()) bad_target(file, "targets", "missing");
+  if (!list->is_array() || list->empty()) {
+    bad_target(file, "targets", "expected a non-empty array, got " + shown(*list));
+  }
+  std::map<std::tuple<std::string, std::string, std::string, std::string, std::string>, size_t>
+      seen;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const nlohmann::json& e = (*list)[i];
+    const std::string at = "targets[" + std::to_string(i) + "]";
+    if (!e.is_object()) bad_target(file, at, "expected an object, got " + shown(e));
+    BenchTarget g;
+    g.op = target_str(e, file, at, "op", false);
+    g.name = target_str(e, file, at, "name", false);
+    g.dir = target_str(e, file, at, "dir", false);
+    if (const std::string impl = target_str(e, file, at, "impl", true); !impl.empty()) {
+      g.impl = impl;
+    }
+    g.metric = target_str(e, file, at, "metric", false);
+    if (g.metric != "pct_copy" && g.metric != "pct_roof" && g.metric != "tokens_per_s") {
+      bad_target(file, at + ".metric",
+                 "expected pct_copy, pct_roof or tokens_per_s, got " + shown(e["metric"]));
+    }
+    const auto m = e.find("min");
+    if (m == e.end()) bad_target(file, at + ".min", "missing");
+    if (!m->is_number() || !std::isfinite(m->get<double>()) || m->get<double>() <= 0) {
+      bad_target(file, at + ".min", "expected a positive number, got " + shown(*m));
+    }
+    g.min = m->get<double>();
+    g.note = target_str(e, file, at, "note", true);
+    const auto [it, fresh] = seen.emplace(std::tuple(g.op, g.name, g.dir, g.impl, g.metric), i);
+    if (!fresh) {
+      bad_target(file, at,
+                 "repeats targets[" + std::to_string(it->second) + "] (" + g.op + " " + g.name +
+                     " " + g.dir + " " + g.impl + " " + g.metric + ")");
+    }
+    t.targets.push_back(std::move(g));
+  }
+  return t;
+}
+
+bool TargetsCheck::failed() const {
+  return std::any_of(results.begin(), results.end(),
+                     [](const TargetResult& r) { return r.verdict != TargetVerdict::met; });
+}
+
+TargetsCheck check_targets(const BenchTargets& t, const nlohmann::json& report,
+                           const std::string& report_name) {
+  const Report r = read_report(report, report_name);
+  TargetsCheck c;
+  c.device = r.device;
+  c.build = r.build;
+  c.device_matches = t.device.empty() || r.device.find(t.device) != std::string::npos;
+  std::map<Key, const Row*> rows;
+  for (const Row& row : r.rows) rows[key_of(row)] = &row;
+  for (const BenchTarget& g : t.targets) {
+    TargetResult res;
+    res.target = g;
+    const auto it = rows.find(Key{g.op, g.name, g.dir, g.impl});
+    if (it == rows.end()) {
+      res.verdict = TargetVerdict::missing;
+    } else if (!it->second->verified) {
+      res.verdict = TargetVerdict::unverified;
+    } else {
+      const Row& row = *it->second;
+      res.value = g.metric == "pct_copy"   ? row.pct_copy
+                  : g.metric == "pct_roof" ? row.pct_roof
+                                           : row.tokens_per_s;
+      res.verdict = res.value <= 0       ? TargetVerdict::no_value
+                    : res.value >= g.min ? TargetVerdict::met
+                                         : TargetVerdict::missed;
+    }
+    c.results.push_back(std::move(res));
+  }
+  return c;
+}
+
+namespace {
+
+std::string metric_value(const std::string& metric, double v) {
+  char buf[64];
+  if (metric == "tokens_per_s") {
+    std::snprintf(buf, sizeof buf, "%.0f tokens/s", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f%% of %s", v, metric == "pct_copy" ? "copy" : "roofline");
+  }
+  return buf;
+}
+
+}  // namespace
+
+std::string format_targets(const BenchTargets& t, const TargetsCheck& c) {
+  std::ostringstream out;
+  if (!t.title.empty()) out << t.title << "\n";
+  int count[5] = {0, 0, 0, 0, 0};
+  for (const TargetResult& r : c.results) {
+    const BenchTarget& g = r.target;
+    ++count[static_cast<int>(r.verdict)];
+    out << "  " << target_verdict_name(r.verdict) << " " << g.op << " " << g.name << " " << g.dir
+        << " (" << g.impl << "): ";
+    switch (r.verdict) {
+      case TargetVerdict::met:
+      case TargetVerdict::missed: {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " (%.1f%% of the target)", 100 * r.value / g.min);
+        out << metric_value(g.metric, r.value) << (r.verdict == TargetVerdict::met ? " >= " : " < ")
+            << metric_value(g.metric, g.min) << buf;
+        break;
+      }
+      case TargetVerdict::missing:
+        out << "no such row in the report";
+        break;
+      case TargetVerdict::unverified:
+        out << "the row failed verification";
+        break;
+      case TargetVerdict::no_value:
+        out << "the row has no " << g.metric;
+        break;
+    }
+    if (!g.note.empty()) out << " [" << g.note << "]";
+    out << "\n";
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "bench-targets: %zu targets: %d met, %d missed, %d missing, %d unverified, %d "
+                "without a value: %s\n",
+                c.results.size(), count[0], count[1], count[2], count[3], count[4],
+                c.failed() ? "FAIL" : "ok");
+  out << buf;
+  return out.str();
+}
+
+nlohmann::json targets_json(const BenchTargets& t, const TargetsCheck& c) {
+  nlohmann::json j = {{"title", t.title},     {"device", c.device},
+                      {"build", c.build},     {"targets_device", t.device},
+                      {"failed", c.failed()}, {"targets", nlohmann::json::array()}};
+  for (const TargetResult& r : c.results) {
+    const BenchTarget& g = r.target;
+    nlohmann::json e = {{"op", g.op},
+                        {"name", g.name},
+                        {"dir", g.dir},
+                        {"impl", g.impl},
+                        {"metric", g.metric},
+                        {"min", g.min},
+                        {"verdict", target_verdict_name(r.verdict)}};
+    e["value"] = r.value > 0 ? nlohmann::json(r.value) : nlohmann::json(nullptr);
+    if (!g.note.empty()) e["note"] = g.note;
+    j["targets"].push_back(e);
   }
   return j;
 }

@@ -97,4 +97,45 @@ nlohmann::json read_bench_report(const std::string& path);
 std::string format_comparison(const BenchComparison& c, const BenchCompareOptions& o);
 nlohmann::json comparison_json(const BenchComparison& c, const BenchCompareOptions& o);
 
+// `moe-harness bench-targets TARGETS.json REPORT.json`: absolute floors where bench-compare has
+// relative ones, e.g. an issue's "the router forward at >= 75% of copy" or a plugin team's "our
+// grouped GEMM at >= 85% of roofline", judged on one report. A targets file:
+//   {"title": "...", "device": "H100",             (optional: a text the report's device holds)
+//    "targets": [{"op": "grouped_gemm", "name": "deepseek_uniform", "dir": "fwd",
+//                 "impl": "moe-gpu" (optional, the default), "metric": "pct_roof", "min": 88,
+//                 "note": "..." (optional)}, ...]}
+// metric: pct_copy (memory-bound rows), pct_roof (GEMM-like rows and the block) or tokens_per_s
+// (the block). A target is MET when its row's value >= min; MISSED below; MISSING without such a
+// row; UNVERIFIED when the row failed verification; NO VALUE when the row lacks that metric (a
+// memory row's roofline, a GEMM row without a dense rate). Targets files are untrusted input: a
+// wrong field throws BenchFileError naming the target and the field.
+struct BenchTarget {
+  std::string op, name, dir, impl = "moe-gpu", metric, note;
+  double min = 0;
+};
+struct BenchTargets {
+  std::string title, device;  // device: "" for any board
+  std::vector<BenchTarget> targets;
+};
+BenchTargets read_bench_targets(const nlohmann::json& j, const std::string& file);
+
+enum class TargetVerdict { met, missed, missing, unverified, no_value };
+const char* target_verdict_name(TargetVerdict v);
+
+struct TargetResult {
+  BenchTarget target;
+  TargetVerdict verdict = TargetVerdict::missing;
+  double value = 0;  // the row's metric (0 where missing or without a value)
+};
+struct TargetsCheck {
+  std::string device, build;          // the report's
+  bool device_matches = true;         // the report's device holds the targets' device text
+  std::vector<TargetResult> results;  // the targets' order
+  bool failed() const;                // any target not MET
+};
+TargetsCheck check_targets(const BenchTargets& t, const nlohmann::json& report,
+                           const std::string& report_name);
+std::string format_targets(const BenchTargets& t, const TargetsCheck& c);
+nlohmann::json targets_json(const BenchTargets& t, const TargetsCheck& c);
+
 }  // namespace moe::tools

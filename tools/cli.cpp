@@ -5,6 +5,7 @@
 //   moe-harness golden record|verify|diff|show ...     (tools/golden_cmd.cpp)
 //   moe-harness bench [--op NAME] [--json FILE]        (tools/bench_cmd.cpp)
 //   moe-harness bench-compare OLD.json NEW.json        (tools/bench_compare_cmd.cpp)
+//   moe-harness bench-targets TARGETS.json REPORT.json (tools/bench_targets_cmd.cpp)
 //   moe-harness launch -n N -- COMMAND...              (tools/launch_cmd.cpp)
 //
 // Exit status: 0 all passed, 1 a check failed, 2 bad usage (or --impl moe-gpu without a GPU).
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   moe::tools::add_golden_command(app, status);
   moe::tools::add_bench_command(app, status);
   moe::tools::add_bench_compare_command(app, status);
+  moe::tools::add_bench_targets_command(app, status);
   moe::tools::add_launch_command(app, status);
   try {
     app.parse(argc, argv);
