@@ -599,6 +599,11 @@ M = [
      "the initcheck prefill joins touching ranges into one memset, which fails with "
      "cudaErrorInvalidValue where they lie in two allocations (session 47's bug)"),
 
+    ("116", "bench_targets_floor_exclusive", "edge-case", "tools/bench_compare.cpp", 1,
+     ": res.value >= g.min ? TargetVerdict::met",
+     ": res.value > g.min ? TargetVerdict::met",
+     "bench-targets: a row exactly at its floor counts as missed (the floor is inclusive)"),
+
 ]
 
 
