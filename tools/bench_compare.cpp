@@ -20,7 +20,7 @@ struct Row {
   double median_us = 0, min_us = 0, bytes = 0, flops = 0;
   double pct_copy = 0;      // memory-bound rows
   double pct_roof = 0;      // 0: null or absent (a row without a dense rate)
-  double tokens_per_s = 0;  // the block's rows; 0 elsewhere
+  double tokens_per_s = 0;  // the block's rows; 0: absent
 };
 
 using Key = std::tuple<std::string, std::string, std::string, std::string>;
@@ -123,7 +123,7 @@ Report read_report(const nlohmann::json& j, const std::string& file) {
     } else {
       row.pct_roof = num_field(e, file, at, "pct_roof", true, true);
     }
-    if (row.kind == "tokens") row.tokens_per_s = num_field(e, file, at, "tokens_per_s", true);
+    row.tokens_per_s = num_field(e, file, at, "tokens_per_s", true, true);  // the block's rows
     const auto [it, fresh] = seen.emplace(key_of(row), i);
     if (!fresh) {
       bad(file, at,
