@@ -31,11 +31,13 @@ expect 1 'MISSED grouped_gemm deepseek_uniform fwd \(moe-gpu\): 87\.7% of roofli
 expect 1 'MISSED moe_block deepseek_like fwd\+bwd \(moe-gpu\): 206533 tokens/s < 230000 tokens/s' "$t20" "$h100"
 expect 2 "sets targets for a board named 'H100'; .*s39-h200-7729ad5\.json is from 'NVIDIA H200" "$t20" "$h200"
 expect 1 'another board than the targets' "$t20" "$h200" --any-device
-# Exactly at the floor is met; a row the report lacks is missing.
-printf '{"targets":[{"op":"token_combine","name":"deepseek_v3","dir":"fwd","metric":"pct_copy","min":%s}]}' \
-  "$(python3 -c "import json;print(repr(next(r['pct_copy'] for r in json.load(open('$h100'))['results'] if r['op']=='token_combine' and r['name']=='deepseek_v3' and r['dir']=='fwd')))")" \
-  >"$dir/exact.json"
-expect 0 '1 targets: 1 met, 0 missed.*: ok$' "$dir/exact.json" "$h100" --json "$dir/v.json"
+# Exactly at the floor is met (a report row at 92.5% of copy, its target 92.5); a row the report
+# lacks is missing.
+printf '{"device":"H100","results":[{"op":"token_combine","name":"ds","dir":"fwd","impl":"moe-gpu",%s' \
+  '"kind":"memory","case":"op=token_combine","verified":true,"median_us":800,"min_us":795,"bytes":2.1e9,"flops":0,"pct_copy":92.5}]}' \
+  >"$dir/report.json"
+printf '{"targets":[{"op":"token_combine","name":"ds","dir":"fwd","metric":"pct_copy","min":92.5}]}' >"$dir/exact.json"
+expect 0 '1 targets: 1 met, 0 missed.*: ok$' "$dir/exact.json" "$dir/report.json" --json "$dir/v.json"
 grep -q '"verdict": "MET"' "$dir/v.json" || { echo "FAIL: --json has no MET verdict"; fail=1; }
 printf '{"targets":[{"op":"token_combine","name":"nope","dir":"fwd","metric":"pct_copy","min":1}]}' >"$dir/missing.json"
 expect 1 'MISSING token_combine nope fwd \(moe-gpu\): no such row' "$dir/missing.json" "$h100"
